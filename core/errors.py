@@ -1,0 +1,216 @@
+"""The one error tree of ckptguard and the stable finding codes.
+
+    CkptError(code, message, *, offset=None, record=None)
+     +-- SourceError     could not read the input at all: no verdict
+     +-- FormatError     the bytes are not what they claim: verdict invalid
+     +-- LimitExceeded   a resource cap was hit: verdict invalid (fail closed)
+
+Every error pickles with its fields intact, so it crosses the worker-process
+boundary of the service. `Code` values are public: a released value never changes.
+Each code carries its default severity, the verdict it forces, and the one-line
+description used for the README table.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any
+
+
+class Severity(StrEnum):
+    CRITICAL = "critical"
+    HIGH = "high"
+    MEDIUM = "medium"
+    LOW = "low"
+    INFO = "info"
+
+
+class Effect(StrEnum):
+    """What a finding does to the verdict (worst wins: unsafe > invalid > suspicious > safe)."""
+
+    UNSAFE = "unsafe"
+    INVALID = "invalid"
+    SUSPICIOUS = "suspicious"
+    NONE = "none"
+
+
+_C, _H, _M, _L, _I = (Severity.CRITICAL, Severity.HIGH, Severity.MEDIUM, Severity.LOW,
+                      Severity.INFO)
+_U, _X, _S, _N = Effect.UNSAFE, Effect.INVALID, Effect.SUSPICIOUS, Effect.NONE
+
+
+class Code(StrEnum):
+    """Stable finding/error codes. Layer prefix: SOURCE_ ZIP_ PICKLE_ TORCH_ ST_ NPY_ PT2_ LIMIT_."""
+
+    severity: Severity
+    effect: Effect
+    doc: str
+
+    def __new__(cls, value: str, severity: Severity, effect: Effect, doc: str) -> Code:
+        obj = str.__new__(cls, value)
+        obj._value_ = value
+        obj.severity = severity
+        obj.effect = effect
+        obj.doc = doc
+        return obj
+
+    # --- source: reading the input --------------------------------------------------
+    SOURCE_IO = "SOURCE_IO", _H, _X, "the input could not be read"
+    SOURCE_SHORT_READ = "SOURCE_SHORT_READ", _H, _X, "the input ended before an expected byte"
+    SOURCE_HTTP = "SOURCE_HTTP", _H, _X, "an HTTP range request failed or was answered wrongly"
+    SOURCE_CHANGED = "SOURCE_CHANGED", _H, _X, "the remote file changed between range requests"
+    SOURCE_URL_REFUSED = "SOURCE_URL_REFUSED", _H, _X, "the URL or a redirect target is not allowed"
+
+    # --- format detection -------------------------------------------------------------
+    FORMAT_UNKNOWN = "FORMAT_UNKNOWN", _M, _S, "the content matches no known checkpoint format"
+    FORMAT_EMPTY = "FORMAT_EMPTY", _M, _X, "the input is empty"
+    FORMAT_EXTENSION_MISMATCH = ("FORMAT_EXTENSION_MISMATCH", _L, _N,
+                                 "the file name suggests another format than its content")
+
+    # --- zip container --------------------------------------------------------------
+    ZIP_NO_EOCD = "ZIP_NO_EOCD", _H, _X, "no end-of-central-directory record"
+    ZIP_BAD_EOCD = "ZIP_BAD_EOCD", _H, _X, "EOCD or zip64 records are inconsistent"
+    ZIP_BAD_CENTRAL_DIR = "ZIP_BAD_CENTRAL_DIR", _H, _X, "central directory is malformed"
+    ZIP_BAD_LOCAL_HEADER = "ZIP_BAD_LOCAL_HEADER", _H, _X, "a local file header is malformed"
+    ZIP_DUPLICATE_NAME = ("ZIP_DUPLICATE_NAME", _C, _U,
+                          "two entries share a name: readers disagree on which one counts")
+    ZIP_LOCAL_CENTRAL_MISMATCH = ("ZIP_LOCAL_CENTRAL_MISMATCH", _C, _U,
+                                  "local header disagrees with central directory (name/size/flags)")
+    ZIP_OVERLAPPING_ENTRIES = ("ZIP_OVERLAPPING_ENTRIES", _C, _U,
+                               "two entries' bytes overlap")
+    ZIP_PREPENDED_DATA = ("ZIP_PREPENDED_DATA", _H, _S,
+                          "bytes before the first record (polyglot or self-extracting)")
+    ZIP_APPENDED_DATA = "ZIP_APPENDED_DATA", _H, _S, "bytes after the end of the archive"
+    ZIP_UNREFERENCED_DATA = ("ZIP_UNREFERENCED_DATA", _M, _S,
+                             "bytes between records that no entry accounts for")
+    ZIP_COMPRESSED_ENTRY = ("ZIP_COMPRESSED_ENTRY", _L, _N,
+                            "a record is compressed: offsets cannot be computed for it")
+    ZIP_UNSUPPORTED_METHOD = "ZIP_UNSUPPORTED_METHOD", _M, _S, "unsupported compression method"
+    ZIP_ENCRYPTED_ENTRY = "ZIP_ENCRYPTED_ENTRY", _H, _S, "a record is encrypted"
+    ZIP_NAME_OUTSIDE_PREFIX = ("ZIP_NAME_OUTSIDE_PREFIX", _M, _S,
+                               "an entry lies outside the archive's prefix directory")
+    ZIP_BAD_NAME = "ZIP_BAD_NAME", _M, _S, "an entry name is absolute, has .. or is not UTF-8"
+    ZIP_CRC_MISMATCH = "ZIP_CRC_MISMATCH", _M, _S, "a record's CRC-32 does not match its bytes"
+    ZIP_MULTIPLE_DISKS = "ZIP_MULTIPLE_DISKS", _M, _X, "multi-disk archives are not supported"
+    ZIP_COMMENT = "ZIP_COMMENT", _I, _N, "the archive has a comment"
+
+    # --- pickle -----------------------------------------------------------------------
+    PICKLE_TRUNCATED = "PICKLE_TRUNCATED", _H, _X, "the pickle ends before STOP"
+    PICKLE_MALFORMED = ("PICKLE_MALFORMED", _H, _X,
+                        "an opcode or argument is malformed (bad opcode, stack underflow, ...)")
+    PICKLE_UNKNOWN_OPCODE = "PICKLE_UNKNOWN_OPCODE", _H, _X, "an opcode no protocol defines"
+    PICKLE_DANGEROUS_GLOBAL = ("PICKLE_DANGEROUS_GLOBAL", _C, _U,
+                               "a global known to allow code execution or system access")
+    PICKLE_DANGEROUS_CALL = ("PICKLE_DANGEROUS_CALL", _C, _U,
+                             "a call of a dangerous global, or a call built from gadgets")
+    PICKLE_UNKNOWN_GLOBAL = ("PICKLE_UNKNOWN_GLOBAL", _M, _S,
+                             "a global outside the weights-only allowlist")
+    PICKLE_BENIGN_GLOBAL = ("PICKLE_BENIGN_GLOBAL", _L, _S,
+                            "a global outside the allowlist that is commonly benign")
+    PICKLE_NESTED_DESERIALIZER = ("PICKLE_NESTED_DESERIALIZER", _C, _U,
+                                  "a call into another deserializer (pickle, torch.load, ...)")
+    PICKLE_TRAILING_DATA = "PICKLE_TRAILING_DATA", _M, _S, "bytes after the pickle's STOP"
+    PICKLE_SECOND_PICKLE = ("PICKLE_SECOND_PICKLE", _H, _S,
+                            "a second pickle stream follows the first")
+    PICKLE_NON_ASCII_GLOBAL = ("PICKLE_NON_ASCII_GLOBAL", _M, _S,
+                               "a global name that is not a plain identifier")
+    PICKLE_OUT_OF_BAND_BUFFER = ("PICKLE_OUT_OF_BAND_BUFFER", _M, _S,
+                                 "NEXT_BUFFER/READONLY_BUFFER (protocol 5 out-of-band data)")
+    PICKLE_EXTENSION_CODE = ("PICKLE_EXTENSION_CODE", _M, _S,
+                             "EXT1/2/4 copyreg extension reference (global not statically known)")
+    PICKLE_PROTOCOL = "PICKLE_PROTOCOL", _I, _N, "pickle protocol other than torch's default 2"
+
+    # --- torch semantics -----------------------------------------------------------------
+    TORCH_WEIGHTS_ONLY_FAILED = ("TORCH_WEIGHTS_ONLY_FAILED", _M, _S,
+                                 "torch.load(weights_only=True) would refuse this file")
+    TORCHSCRIPT_ARCHIVE = ("TORCHSCRIPT_ARCHIVE", _H, _S,
+                           "a TorchScript archive: code, not weights; not weights-only loadable")
+    TORCH_LEGACY_TAR = ("TORCH_LEGACY_TAR", _M, _S,
+                        "legacy .tar checkpoint: refused by weights_only (CVE-2025-32434 path)")
+    TORCH_MISSING_RECORD = "TORCH_MISSING_RECORD", _H, _X, "a storage's data record is missing"
+    TORCH_RECORD_SIZE_MISMATCH = ("TORCH_RECORD_SIZE_MISMATCH", _H, _S,
+                                  "a storage record's size differs from numel x element size")
+    TORCH_OFFSET_MISMATCH = ("TORCH_OFFSET_MISMATCH", _C, _U,
+                             "calculated storage offset disagrees with the zip headers")
+    TORCH_OFFSET_UNVERIFIABLE = ("TORCH_OFFSET_UNVERIFIABLE", _L, _N,
+                                 "offsets cannot be chained (pre-2.7 file or compressed record)")
+    TORCH_STORAGE_ORDER = ("TORCH_STORAGE_ORDER", _M, _S,
+                           "data records are not in pickle order (first key is not '0')")
+    TORCH_TENSOR_OUT_OF_BOUNDS = ("TORCH_TENSOR_OUT_OF_BOUNDS", _H, _S,
+                                  "a tensor view reaches outside its storage")
+    TORCH_BAD_TENSOR_ARGS = ("TORCH_BAD_TENSOR_ARGS", _M, _S,
+                             "a tensor rebuild call has arguments torch would reject")
+    TORCH_UNREFERENCED_RECORD = ("TORCH_UNREFERENCED_RECORD", _M, _S,
+                                 "an archive record no storage refers to (hidden payload?)")
+    TORCH_BAD_VERSION = "TORCH_BAD_VERSION", _M, _S, "the archive version record is missing or invalid"
+    TORCH_BAD_BYTEORDER = "TORCH_BAD_BYTEORDER", _M, _S, "the byteorder record is invalid"
+    TORCH_BIG_ENDIAN = "TORCH_BIG_ENDIAN", _I, _N, "storages are big-endian (torch byte-swaps them)"
+    TORCH_LEGACY_FORMAT = ("TORCH_LEGACY_FORMAT", _I, _N,
+                           "legacy pickled-stream checkpoint (_use_new_zipfile_serialization=False)")
+    TORCH_BAD_LEGACY_STREAM = ("TORCH_BAD_LEGACY_STREAM", _H, _X,
+                               "the legacy stream's magic, protocol or storage blocks are wrong")
+
+    # --- safetensors / numpy / torch.export ------------------------------------------------
+    ST_BAD_HEADER = "ST_BAD_HEADER", _H, _X, "the safetensors header is invalid"
+    ST_BAD_OFFSETS = "ST_BAD_OFFSETS", _H, _X, "safetensors data offsets are invalid"
+    NPY_BAD_HEADER = "NPY_BAD_HEADER", _H, _X, "the .npy header is invalid"
+    NPY_OBJECT_ARRAY = ("NPY_OBJECT_ARRAY", _M, _S,
+                        "an object array: its data is a pickle (allow_pickle needed)")
+    PT2_BAD_ARCHIVE = "PT2_BAD_ARCHIVE", _H, _X, "the torch.export archive is malformed"
+    PT2_VERIFIER = "PT2_VERIFIER", _H, _S, "the exported program fails torch's verifier rules"
+    PT2_UNSAFE_PAYLOAD = ("PT2_UNSAFE_PAYLOAD", _H, _S,
+                          "a part torch.export.load would unpickle without weights_only")
+    PT2_SYMPY_EXPR = ("PT2_SYMPY_EXPR", _H, _S,
+                      "a symbolic expression torch.export.load would pass to sympy.sympify")
+
+    # --- limits and the sandbox ------------------------------------------------------------
+    LIMIT_OPCODES = "LIMIT_OPCODES", _H, _X, "too many pickle opcodes"
+    LIMIT_MEMO = "LIMIT_MEMO", _H, _X, "too many memo entries"
+    LIMIT_DEPTH = "LIMIT_DEPTH", _H, _X, "nesting too deep"
+    LIMIT_STRING = "LIMIT_STRING", _H, _X, "a string or bytes argument is too long"
+    LIMIT_CONTAINER = "LIMIT_CONTAINER", _H, _X, "a container or the stack is too large"
+    LIMIT_ENTRIES = "LIMIT_ENTRIES", _H, _X, "too many archive entries"
+    LIMIT_PICKLE_SIZE = "LIMIT_PICKLE_SIZE", _H, _X, "the pickle is larger than allowed"
+    LIMIT_TENSORS = "LIMIT_TENSORS", _H, _X, "too many tensors"
+    LIMIT_BYTES_READ = "LIMIT_BYTES_READ", _H, _X, "the scan would read more bytes than allowed"
+    LIMIT_HEADER = "LIMIT_HEADER", _H, _X, "a format header is larger than allowed"
+    RESOURCE_LIMIT = "RESOURCE_LIMIT", _H, _X, "the scan worker ran out of memory or CPU time"
+    TIMEOUT = "TIMEOUT", _H, _X, "the scan took longer than the wall-clock limit"
+    WORKER_CRASHED = "WORKER_CRASHED", _H, _X, "the scan worker died"
+    INTERNAL_ERROR = "INTERNAL_ERROR", _H, _X, "a scanner bug: the input could not be judged"
+
+
+class CkptError(Exception):
+    """Base of every error ckptguard raises; picklable across processes."""
+
+    def __init__(self, code: Code, message: str, *, offset: int | None = None,
+                 record: str | None = None) -> None:
+        super().__init__(code, message, offset, record)
+        self.code = code if isinstance(code, Code) else Code[str(code)]
+        self.message = message
+        self.offset = offset
+        self.record = record
+
+    def __reduce__(self) -> tuple[type[CkptError], tuple[Code, str], dict[str, object]]:
+        return (type(self), (self.code, self.message),
+                {"offset": self.offset, "record": self.record})
+
+    def __setstate__(self, state: dict[str, Any] | None) -> None:
+        self.__dict__.update(state or {})
+
+    def __str__(self) -> str:
+        where = f" at offset {self.offset}" if self.offset is not None else ""
+        rec = f" in {self.record}" if self.record else ""
+        return f"{self.code}: {self.message}{where}{rec}"
+
+
+class SourceError(CkptError):
+    """The input could not be read (I/O, HTTP, refused URL): there is no verdict."""
+
+
+class FormatError(CkptError):
+    """The bytes are malformed: the verdict is invalid."""
+
+
+class LimitExceeded(CkptError):
+    """A resource cap was hit: fail closed with verdict invalid."""

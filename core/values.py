@@ -1,0 +1,126 @@
+"""Inert value nodes that the pickle interpreters build instead of real objects.
+
+A pickle is interpreted into a graph of plain Python data (None, bool, int, float,
+str, bytes, list, tuple, dict, set, frozenset) and these nodes, which stand for
+what would have been imported or called. Nothing here imports or calls anything
+from the input: a `Global` is just two strings.
+
+    GLOBAL torch._utils _rebuild_tensor_v2      -> Global("torch._utils", "_rebuild_tensor_v2")
+    ... REDUCE                                  -> Call(func=Global(...), args=(...))
+    BINPERSID ('storage', ...)                  -> PersId(pid=(...))
+
+`Call` is mutable on purpose: BUILD, SETITEM(S) and APPEND(S) applied to an
+object that is a call result are recorded on the node, in order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class Global:
+    """A reference to `module.name` (after pickle's Python 2 name mapping); never resolved."""
+
+    module: str
+    name: str
+
+    @property
+    def full(self) -> str:
+        return f"{self.module}.{self.name}"
+
+    def __repr__(self) -> str:
+        return f"Global({self.full})"
+
+
+@dataclass(eq=False, slots=True)
+class Call:
+    """The result of calling `func` (REDUCE, NEWOBJ, NEWOBJ_EX, INST, OBJ) — never performed."""
+
+    func: Any
+    args: Any                      # normally a tuple; hostile pickles may push anything
+    opcode: str = "REDUCE"
+    offset: int = -1               # offset (in the file) of the opcode that made the call
+    kwargs: Any = None             # NEWOBJ_EX only
+    state: list[Any] = field(default_factory=list)          # BUILD states, in order
+    setitems: list[tuple[Any, Any]] = field(default_factory=list)  # SETITEM(S) on this object
+    appends: list[Any] = field(default_factory=list)        # APPEND(S) on this object
+    attrs: dict[str, Any] = field(default_factory=dict)     # free-form annotations
+
+    @property
+    def func_name(self) -> str | None:
+        return self.func.full if isinstance(self.func, Global) else None
+
+    def __repr__(self) -> str:
+        return f"Call({self.func!r}, {self.opcode}, @{self.offset})"
+
+
+@dataclass(eq=False, slots=True)
+class PersId:
+    """A persistent reference (BINPERSID / PERSID): in torch, a storage."""
+
+    pid: Any
+    offset: int = -1
+
+    def __repr__(self) -> str:
+        return f"PersId({self.pid!r})"
+
+
+@dataclass(eq=False, slots=True)
+class ExtRef:
+    """EXT1/EXT2/EXT4: a copyreg extension code; the global behind it is unknowable."""
+
+    code: int
+    offset: int = -1
+
+
+@dataclass(eq=False, slots=True)
+class Buffer:
+    """NEXT_BUFFER / READONLY_BUFFER: out-of-band data the file does not contain."""
+
+    readonly: bool
+    offset: int = -1
+
+
+@dataclass(eq=False, slots=True)
+class Unhashable:
+    """Wraps a value used as a dict key or set member that Python cannot hash (a list)."""
+
+    value: Any
+
+
+def walk(root: Any, *, max_nodes: int = 50_000_000) -> list[tuple[tuple[str | int, ...], Any]]:
+    """Every (path, value) pair reachable from `root`, depth first, each node once.
+
+    Paths follow the report contract: dict keys as they are, list/tuple indices as ints.
+    Cycles (possible via the memo) are visited once.
+    """
+    out: list[tuple[tuple[str | int, ...], Any]] = []
+    seen: set[int] = set()
+    stack: list[tuple[tuple[str | int, ...], Any]] = [((), root)]
+    while stack and len(out) < max_nodes:
+        path, value = stack.pop()
+        if isinstance(value, (list, tuple, dict, set, frozenset, Call)):
+            if id(value) in seen:
+                continue
+            seen.add(id(value))
+        out.append((path, value))
+        children: list[tuple[tuple[str | int, ...], Any]] = []
+        if isinstance(value, dict):
+            children = [((*path, _key(k)), v) for k, v in value.items()]
+        elif isinstance(value, (list, tuple)):
+            children = [((*path, i), v) for i, v in enumerate(value)]
+        elif isinstance(value, Call):
+            children = [((*path, _key(k)), v) for k, v in value.setitems]
+            children += [((*path, i), v) for i, v in enumerate(value.appends)]
+        stack.extend(reversed(children))
+    return out
+
+
+def _key(k: Any) -> str | int:
+    if isinstance(k, (str, int)) and not isinstance(k, bool):
+        return k
+    if isinstance(k, bytes):
+        return k.decode("latin-1")
+    return repr(k)

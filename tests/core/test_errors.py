@@ -1,0 +1,33 @@
+import pickle
+
+import pytest
+
+from core.errors import CkptError, Code, Effect, FormatError, LimitExceeded, SourceError
+from core.report import Finding, decide_verdict
+
+
+@pytest.mark.parametrize("cls", [CkptError, SourceError, FormatError, LimitExceeded])
+def test_errors_cross_process_boundary_intact(cls: type[CkptError]) -> None:
+    err = cls(Code.PICKLE_TRUNCATED, "ends early", offset=17, record="a/data.pkl")
+    back = pickle.loads(pickle.dumps(err))
+    assert type(back) is cls
+    assert (back.code, back.message, back.offset, back.record) == (
+        Code.PICKLE_TRUNCATED, "ends early", 17, "a/data.pkl")
+    assert "offset 17" in str(back)
+
+
+def test_every_code_value_equals_its_name_and_has_a_doc() -> None:
+    for code in Code:
+        assert code.value == code.name
+        assert code.doc and code.severity and code.effect
+
+
+def test_verdict_worst_effect_wins() -> None:
+    f = lambda c: Finding(c, "m")  # noqa: E731
+    assert decide_verdict([], True) == "safe"
+    assert decide_verdict([], False) == "suspicious"
+    assert decide_verdict([f(Code.ZIP_COMMENT)], True) == "safe"
+    assert decide_verdict([f(Code.PICKLE_UNKNOWN_GLOBAL)], True) == "suspicious"
+    assert decide_verdict([f(Code.PICKLE_TRUNCATED), f(Code.PICKLE_UNKNOWN_GLOBAL)], False) == "invalid"
+    assert decide_verdict([f(Code.PICKLE_TRUNCATED), f(Code.PICKLE_DANGEROUS_GLOBAL)], False) == "unsafe"
+    assert Code.PICKLE_DANGEROUS_GLOBAL.effect is Effect.UNSAFE

@@ -1,0 +1,23 @@
+"""The README's two commands are the ones CI runs and the ones the code supports."""
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _readme_commands() -> list[str]:
+    text = (ROOT / "README.md").read_text()
+    return re.findall(r"```\n(python3 -m venv[^\n]+)\n```", text)
+
+
+def test_readme_has_serve_and_test_commands() -> None:
+    commands = _readme_commands()
+    assert any(c.endswith("ckptguard serve") for c in commands)
+    assert any("pytest" in c for c in commands)
+
+
+def test_ci_runs_the_readme_test_command_verbatim() -> None:
+    test_cmd = next(c for c in _readme_commands() if "pytest" in c)
+    ci = (ROOT / ".ci" / "run").read_text().splitlines()
+    assert test_cmd in ci
