@@ -1,0 +1,124 @@
+"""`ckptguard` command line: scan, serve, get. The only module that prints.
+
+    ckptguard scan PATH|URL [--json] [--allow module.name ...]
+    ckptguard serve [--host H] [--port P]
+
+Exit status of `scan`: 0 safe, 1 suspicious, 2 unsafe, 3 invalid, 4 could not read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from core import __version__
+from core.analysis import ScanOptions
+from core.errors import SourceError
+from core.report import Report
+
+EXIT_BY_VERDICT = {"safe": 0, "suspicious": 1, "unsafe": 2, "invalid": 3}
+EXIT_UNREADABLE = 4
+
+
+def is_url(target: str) -> bool:
+    return target.startswith(("http://", "https://"))
+
+
+def scan_target(target: str, options: ScanOptions, headers: dict[str, str] | None = None) -> Report:
+    """Scan a local path or an http(s) URL (read with Range requests)."""
+    if is_url(target):
+        from core.http_source import HttpSource
+        from core.report import SourceInfo
+        from core.scan import scan_source
+
+        with HttpSource(target, headers=headers) as source:
+            info = SourceInfo(kind="url", name=target.rsplit("/", 1)[-1], url=target,
+                              size=source.size)
+            return scan_source(source, options=options, info=info)
+    from core.scan import scan_path
+
+    return scan_path(target, options=options)
+
+
+def _cmd_scan(args: argparse.Namespace) -> int:
+    options = ScanOptions(allow=frozenset(args.allow or ()))
+    headers = dict(h.split(":", 1) for h in args.header or ())
+    try:
+        report = scan_target(args.target, options, {k.strip(): v.strip() for k, v in headers.items()})
+    except SourceError as exc:
+        print(f"ckptguard: cannot read {args.target}: {exc}", file=sys.stderr)
+        return EXIT_UNREADABLE
+    if args.json:
+        json.dump(report.to_json(), sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        sys.stdout.write(format_summary(report.to_json()))
+    return EXIT_BY_VERDICT[report.verdict]
+
+
+def format_summary(r: dict[str, Any]) -> str:
+    """A readable summary of a report for terminals."""
+    wo = r["weights_only"]
+    lines = [
+        f"{r['source'].get('name') or r['source'].get('url')}: {r['verdict'].upper()} "
+        f"({r['format']}, {len(r['tensors'])} tensors, {len(r['storages'])} storages)",
+        f"  weights_only load: {'yes' if wo['loadable'] else 'no'}"
+        + (f" — {wo['error_type']}: {wo['error']}" if wo["error"] else ""),
+    ]
+    flagged = [g for g in r["globals"] if g["status"] != "allowed"]
+    if flagged:
+        lines.append("  globals outside the allowlist:")
+        lines += [f"    {g['status']:<9} {g['module']}.{g['name']} (x{g['count']})" for g in flagged]
+    if r["findings"]:
+        lines.append("  findings:")
+        for f in r["findings"][:50]:
+            where = f" @{f['offset']}" if f["offset"] is not None else ""
+            lines.append(f"    [{f['severity']}] {f['code']}{where}: {f['message'][:160]}")
+        if len(r["findings"]) > 50:
+            lines.append(f"    ... {len(r['findings']) - 50} more (use --json)")
+    if wo.get("safe_globals_hint"):
+        lines.append(f"  if you trust these globals: {wo['safe_globals_hint']}")
+    lines.append(f"  read {r['io']['bytes_read']} bytes in {r['io']['requests']} requests, "
+                 f"{r['timings_ms']['total']:.1f} ms")
+    return "\n".join(lines) + "\n"
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from app.main import serve
+
+    serve(host=args.host, port=args.port)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="ckptguard", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"ckptguard {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    scan = sub.add_parser("scan", help="scan a checkpoint file or URL")
+    scan.add_argument("target", help="local path or http(s) URL")
+    scan.add_argument("--json", action="store_true", help="print the JSON report")
+    scan.add_argument("--allow", action="append", metavar="module.name",
+                      help="treat this global as allowlisted (like torch.serialization.add_safe_globals)")
+    scan.add_argument("--header", action="append", metavar="NAME:VALUE",
+                      help="extra HTTP header for URL targets (e.g. Authorization)")
+    scan.set_defaults(func=_cmd_scan)
+
+    serve = sub.add_parser("serve", help="start the HTTP service")
+    serve.add_argument("--host", default=None)
+    serve.add_argument("--port", type=int, default=None)
+    serve.set_defaults(func=_cmd_serve)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    code: int = args.func(args)
+    return code
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

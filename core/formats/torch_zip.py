@@ -1,0 +1,292 @@
+"""torch.save zip checkpoints (and TorchScript archives) — FORMATS.md §1-§3.
+
+Strategy: read the central directory once (core.zipdir), the local headers we need,
+and the small metadata records together; replay torch.load's container checks in
+torch's order (version record, subdirectory rule, TorchScript, byteorder, alignment,
+data.pkl), then the pickle (core.pickle_scan). Storage offsets come from the pickle
+order with the `calculate_storage_offsets` chain (core.offsets) and are cross-checked
+against the zip headers; the weights themselves are never read.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from core.analysis import Analysis
+from core.dtypes import ITEMSIZE, storage_dtype
+from core.errors import CkptError, Code
+from core.names import torch_map
+from core.offsets import chain_storage_offsets, verify_chain
+from core.pickle_scan import scan_pickle
+from core.report import WeightsOnly
+from core.source import ByteSource
+from core.tensors import StorageSite, build_manifest
+from core.values import Global, PersId
+from core.weights_only import TorchError, safe_globals_hint, unsafe_globals
+from core.zipcheck import check_archive
+from core.zipdir import LocalHeader, ZipDirectory, ZipEntry, read_local_headers, read_record
+
+_MINIZ_HINT = (". This is an internal miniz error. If you are seeing this error, there is a high "
+               "likelihood that your checkpoint file is corrupted. This can happen if the checkpoint "
+               "was not saved properly, was transferred incorrectly, or the file was modified after "
+               "saving.")
+_U = ("In PyTorch 2.6, we changed the default value of the `weights_only` argument in `torch.load` "
+      "from `False` to `True`. Re-running `torch.load` with `weights_only` set to `False` will likely "
+      "succeed, but it can result in arbitrary code execution. Do it only if you got the file from a "
+      "trusted source.")
+_META_RECORDS = ("version", ".data/version", "byteorder", ".format_version", ".storage_alignment")
+_KNOWN_RECORDS = frozenset(("data.pkl", ".data/serialization_id", *_META_RECORDS))
+_SMALL_RECORD_MAX = 4096
+
+
+def missing_record_error(name: str) -> TorchError:
+    return TorchError("RuntimeError", f"PytorchStreamReader failed locating file {name}: file not found"
+                      + _MINIZ_HINT)
+
+
+@dataclass(slots=True)
+class ZipStorageResolver:
+    """What `load_tensor` finds in the archive for `data/<key>` (torch's container checks)."""
+
+    directory: ZipDirectory
+    prefix: str
+
+    def check(self, key: str, nbytes: int) -> TorchError | None:
+        entry = self.directory.by_name.get(f"{self.prefix}/data/{key}")
+        if entry is None:
+            return missing_record_error(f"data/{key}")
+        if entry.uncompressed_size != nbytes:
+            # CVE-2026-24747 fix: the record must hold exactly numel * itemsize bytes
+            return TorchError("RuntimeError",
+                              f"record size ({entry.uncompressed_size} bytes) does not match expected "
+                              f"size ({nbytes} bytes = {nbytes} elements * 1 bytes/element) for dtype Byte")
+        return None
+
+
+@dataclass(slots=True)
+class _Locator:
+    sites: dict[str, StorageSite]
+
+    def locate(self, key: str) -> StorageSite | None:
+        return self.sites.get(key)
+
+
+def analyze_zip(source: ByteSource, directory: ZipDirectory, an: Analysis) -> None:
+    prefix = directory.prefix()
+    by_name = directory.by_name
+
+    def entry(record: str) -> ZipEntry | None:
+        return by_name.get(f"{prefix}/{record}")
+
+    # Local headers: all of them when random reads are cheap (local files); otherwise only
+    # those the offset arithmetic needs, so a remote scan stays at a few requests.
+    cheap = getattr(source, "random_access_cheap", True)
+    wanted: list[ZipEntry] = list(directory.entries) if cheap else [
+        e for e in (entry("data.pkl"), entry("data/0"), *(entry(r) for r in _META_RECORDS))
+        if e is not None]
+    locals_ = read_local_headers(source, wanted)
+    check_archive(directory, locals_, an)
+
+    meta = _read_small_records(source, directory, [e for r in _META_RECORDS if (e := entry(r))])
+    is_torchscript = entry("constants.pkl") is not None
+    torch_error = _container_error(directory, prefix, meta, source, is_torchscript)
+    if is_torchscript:
+        an.format = "torchscript"
+        an.add(Code.TORCHSCRIPT_ARCHIVE, "TorchScript archive: holds code, refused by weights_only",
+               record=f"{prefix}/constants.pkl")
+
+    pkl_entry = entry("data.pkl")
+    if pkl_entry is None:
+        err = torch_error or missing_record_error("data.pkl")
+        an.add(Code.TORCH_MISSING_RECORD, "no data.pkl record", record=f"{prefix}/data.pkl")
+        _set_weights_only(an, err, [])
+        return
+    pkl_name = pkl_entry.name
+    data = read_record(source, directory, pkl_name)
+    pkl_local = locals_.get(pkl_entry.index)
+    base = pkl_local.data_offset if pkl_local is not None and pkl_entry.method == 0 else 0
+    resolver = ZipStorageResolver(directory, prefix)
+    scan = scan_pickle(data, an, record=pkl_name, base_offset=base, resolver=resolver)
+    for extra_pkl in ("constants.pkl",):  # TorchScript constants are pickles too
+        ent = entry(extra_pkl)
+        if ent is not None:
+            scan_pickle(read_record(source, directory, ent.name), an, record=ent.name,
+                        base_offset=0)
+
+    storages = storages_in_order(scan.vm.persids)
+    if not is_torchscript:
+        sites = _storage_sites(source, directory, prefix, meta, locals_, storages, an)
+        build_manifest(scan.root, _Locator(sites), an, record=pkl_name)
+        _flag_unreferenced(directory, prefix, {k for k, _ in storages}, an)
+    if meta.get("byteorder") == b"big":
+        an.add(Code.TORCH_BIG_ENDIAN, "storages are big-endian", record=f"{prefix}/byteorder")
+    _set_weights_only(an, torch_error or scan.weights_only.error, data)
+
+
+def check_generic_zip(source: ByteSource, directory: ZipDirectory, an: Analysis) -> None:
+    """An unrecognised zip: forensics only, and every member that is a pickle gets scanned."""
+    cheap = getattr(source, "random_access_cheap", True)
+    locals_ = read_local_headers(source, directory.entries if cheap else [])
+    check_archive(directory, locals_, an)
+    for ent in directory.entries[:64]:
+        if ent.name.endswith((".pkl", ".pickle")) and ent.uncompressed_size <= an.options.limits.max_pickle_bytes:
+            scan_pickle(read_record(source, directory, ent.name), an, record=ent.name, base_offset=0)
+
+
+def storages_in_order(persids: Iterable[PersId]) -> list[tuple[str, int]]:
+    """(key, nbytes) per distinct storage key, in first-encounter order (FORMATS.md §2.2)."""
+    seen: dict[str, int] = {}
+    for p in persids:
+        pid = p.pid
+        if not (isinstance(pid, tuple) and len(pid) >= 5):
+            continue
+        st, key, numel = pid[1], pid[2], pid[4]
+        if not isinstance(key, str) or key in seen or not isinstance(numel, int):
+            continue
+        seen[key] = numel * _storage_itemsize(st)
+    return list(seen.items())
+
+
+def _storage_itemsize(st: Any) -> int:
+    if not isinstance(st, Global):
+        return 1
+    module, name = torch_map(st.module, st.name)
+    dtype = storage_dtype(module, name)
+    return ITEMSIZE[dtype] if dtype else 1   # torch.storage.UntypedStorage: numel is bytes
+
+
+def _read_small_records(source: ByteSource, directory: ZipDirectory,
+                        entries: list[ZipEntry]) -> dict[str, bytes]:
+    out: dict[str, bytes] = {}
+    prefix = directory.prefix()
+    for ent in entries:
+        if ent.uncompressed_size <= _SMALL_RECORD_MAX:
+            out[ent.name[len(prefix) + 1:]] = read_record(source, directory, ent.name)
+    return out
+
+
+def _container_error(directory: ZipDirectory, prefix: str, meta: Mapping[str, bytes],
+                     source: ByteSource, is_torchscript: bool) -> TorchError | None:
+    """torch.load's checks before unpickling, in its order (FORMATS.md §0, §1.1, §2.5)."""
+    if source.read_at(0, 4) != b"PK\x03\x04":
+        return TorchError("UnpicklingError", "torch.load does not read this as a zip: the first "
+                          "bytes are not a zip local header (it takes the legacy path)")
+    version = meta.get(".data/version", meta.get("version"))
+    if version is None:
+        return TorchError("RuntimeError", 'Expected hasRecord("version") to be true, but got false.  '
+                          "(Could this error message be improved?  If so, please report an enhancement "
+                          "request to PyTorch.)")
+    m = re.match(rb"\s*[+-]?\d+", version)
+    if m is None:
+        text = version.decode("utf-8", "replace")
+        return TorchError("RuntimeError", f"[enforce fail at inline_container.cc:215] . Couldn't parse "
+                          f"the version {text} as Long Long.")
+    number = int(m.group())
+    if number < 1:
+        return TorchError("RuntimeError", f"[enforce fail at inline_container.cc:219] . Attempted to read "
+                          f"a PyTorch file with version {number}, but the minimum supported version for "
+                          "reading is 1. Your PyTorch script module file is too old. Please regenerate it "
+                          "with latest version of PyTorch to mitigate this issue.")
+    if number > 10:
+        return TorchError("RuntimeError", f"[enforce fail at inline_container.cc:230] . Attempted to read "
+                          f"a PyTorch file with version {number}, but the maximum supported version for "
+                          "reading is 10. The version of your PyTorch installation may be too old, please "
+                          "upgrade PyTorch to latest version to mitigate this issue.")
+    for ent in directory.entries:
+        if not ent.name.startswith(prefix + "/"):
+            return TorchError("RuntimeError", f"[enforce fail at inline_container.cc:340] . file in "
+                              f"archive is not in a subdirectory {prefix}/: {ent.name}")
+    if is_torchscript:
+        return TorchError("RuntimeError", "Cannot use ``weights_only=True`` with TorchScript "
+                          "archives passed to ``torch.load``. " + _U)
+    byteorder = meta.get("byteorder")
+    if byteorder is not None and byteorder not in (b"little", b"big"):
+        return TorchError("ValueError",
+                          "Unknown endianness type: " + byteorder.decode("utf-8", "replace"))
+    align = meta.get(".storage_alignment")
+    if align is not None and _parse_int(align) is None:
+        return TorchError("ValueError", f"invalid literal for int() with base 10: {align!r}")
+    return None
+
+
+def _parse_int(raw: bytes) -> int | None:
+    try:
+        return int(raw)
+    except ValueError:
+        return None
+
+
+def _storage_sites(source: ByteSource, directory: ZipDirectory, prefix: str,
+                   meta: Mapping[str, bytes], locals_: dict[int, LocalHeader],
+                   storages: list[tuple[str, int]], an: Analysis) -> dict[str, StorageSite]:
+    """Where each storage's bytes are: chained arithmetic, cross-checked with the headers."""
+    entries = {key: directory.by_name.get(f"{prefix}/data/{key}") for key, _ in storages}
+    present = {k: e for k, e in entries.items() if e is not None}
+    chained: dict[str, int] = {}
+    verified: dict[str, bool] = {}
+    can_chain = meta.get(".format_version", b"") >= b"1" and all(
+        e.method == 0 for e in present.values()) and len(present) == len(storages)
+    first = present.get("0")
+    if can_chain and first is not None and storages:
+        first_local = locals_.get(first.index) or read_local_headers(source, [first]).get(first.index)
+        align = _parse_int(meta.get(".storage_alignment", b"64")) or 64
+        if first_local is not None:
+            try:
+                chain = chain_storage_offsets(prefix, first_local.data_offset, storages, align)
+            except CkptError as exc:
+                an.add(exc.code, exc.message, record=exc.record, offset=exc.offset)
+            else:
+                chained = {c.key: c.data_offset for c in chain}
+                verified = verify_chain(chain, directory, locals_, an)
+    elif storages and present:
+        an.add(Code.TORCH_OFFSET_UNVERIFIABLE,
+               "storage offsets cannot be chained (pre-2.7 layout or compressed records); "
+               "read from the local headers instead")
+    missing_locals = [e for k, e in present.items() if k not in chained and e.index not in locals_]
+    if missing_locals:
+        locals_ = {**locals_, **read_local_headers(source, missing_locals)}
+    sites: dict[str, StorageSite] = {}
+    for key, ent in present.items():
+        local = locals_.get(ent.index)
+        if key in chained:
+            offset: int | None = chained[key]
+            ok = verified.get(key, False)
+        else:
+            offset = local.data_offset if local is not None and ent.method == 0 else None
+            ok = local is not None and local.name_bytes == ent.name_bytes
+        sites[key] = StorageSite(record=ent.name, data_offset=offset,
+                                 record_nbytes=ent.uncompressed_size, verified=ok)
+    for key, ent in entries.items():
+        if ent is None:
+            an.add(Code.TORCH_MISSING_RECORD, f"storage {key!r} has no data/{key} record",
+                   record=f"{prefix}/data/{key}")
+    return sites
+
+
+def _flag_unreferenced(directory: ZipDirectory, prefix: str, keys: set[str], an: Analysis) -> None:
+    for ent in directory.entries:
+        rel = ent.name[len(prefix) + 1:] if ent.name.startswith(prefix + "/") else None
+        if rel is None or rel in _KNOWN_RECORDS:
+            continue
+        if rel.startswith("data/") and rel[5:] in keys:
+            continue
+        an.add(Code.TORCH_UNREFERENCED_RECORD, f"record {ent.name!r} is not referenced by the pickle",
+               record=ent.name, offset=ent.header_offset)
+
+
+def _set_weights_only(an: Analysis, error: TorchError | None, data: bytes) -> None:
+    listed = unsafe_globals(data, an.options.allow) if data else []
+    benign = sorted(g.full for g in an.globals.values() if g.status == "benign")
+    an.weights_only = WeightsOnly(
+        loadable=error is None,
+        error=error.message.splitlines()[0] if error else None,
+        error_type=error.type if error else None,
+        unsafe_globals=listed if isinstance(listed, list) else [],
+        safe_globals_hint=safe_globals_hint(benign) if benign else None,
+    )
+    if error is not None:
+        an.add(Code.TORCH_WEIGHTS_ONLY_FAILED, error.message.splitlines()[0],
+               offset=error.offset)

@@ -1,0 +1,172 @@
+"""source -> sniff -> container -> pickle interpreters -> policy -> manifest -> Report.
+
+Strategy: every layer reports into one `Analysis`; an error that stops a layer is
+turned into a finding here and the report is still produced (invariant: any
+bytes -> a Report). Only a `SourceError` (the bytes could not be read at all)
+propagates: there is nothing to judge then.
+
+Example:
+    >>> from core.source import BytesSource
+    >>> scan_source(BytesSource(b"")).verdict
+    'invalid'
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import TYPE_CHECKING
+
+from core import __version__
+from core.analysis import Analysis, ScanOptions
+from core.errors import CkptError, Code, LimitExceeded, SourceError
+from core.report import Report, SourceInfo, WeightsOnly, decide_verdict
+from core.sniff import HEAD_BYTES, Sniffed, sniff
+from core.source import ByteSource, FileSource
+
+if TYPE_CHECKING:
+    from core.zipdir import ZipDirectory
+
+log = logging.getLogger("ckptguard.scan")
+
+TAIL_BYTES = 65536 + 22
+
+
+def scan_path(path: str | os.PathLike[str], *, options: ScanOptions | None = None,
+              info: SourceInfo | None = None) -> Report:
+    """Scan a local file. Raises SourceError only if it cannot be opened/read."""
+    with FileSource(path) as source:
+        if info is None:
+            info = SourceInfo(kind="file", name=source.name, size=source.size)
+        return scan_source(source, options=options, info=info)
+
+
+def scan_source(source: ByteSource, *, options: ScanOptions | None = None,
+                info: SourceInfo | None = None) -> Report:
+    """Scan any byte source (file, bytes, HTTP ranges) into a Report."""
+    started = time.perf_counter()
+    an = Analysis(options or ScanOptions())
+    if info is None:
+        info = SourceInfo(kind="bytes", name=source.name, size=source.size)
+    if info.size is None:
+        info.size = source.size
+    try:
+        _analyze(source, an)
+    except SourceError:
+        raise
+    except CkptError as exc:
+        an.add_error(exc)
+    except RecursionError:
+        an.add(Code.LIMIT_DEPTH, "nesting exhausted the interpreter's recursion limit")
+    except MemoryError:
+        an.add(Code.RESOURCE_LIMIT, "out of memory while scanning")
+    except Exception as exc:  # a scanner bug must not crash the caller or hide the input
+        log.exception("internal error while scanning %s", source.name)
+        an.add(Code.INTERNAL_ERROR, f"{type(exc).__name__}: {exc}")
+    return _report(an, source, info, started)
+
+
+def _report(an: Analysis, source: ByteSource, info: SourceInfo, started: float) -> Report:
+    wo = an.weights_only or WeightsOnly(loadable=False, error="not a torch checkpoint",
+                                        error_type=None)
+    verdict = decide_verdict(an.findings, wo.loadable)
+    return Report(
+        source=info, format=an.format, verdict=verdict, weights_only=wo,
+        globals=sorted(an.globals.values(), key=lambda g: (g.offset or 0, g.full)),
+        findings=an.findings, tensors=an.tensors, storages=an.storages,
+        io={"bytes_read": source.stats.bytes_read, "requests": source.stats.requests},
+        timings_ms={"total": round((time.perf_counter() - started) * 1000, 3)},
+        scanner_version=__version__, extra=an.extra,
+    )
+
+
+def _analyze(source: ByteSource, an: Analysis) -> None:
+    size = source.size
+    if size == 0:
+        an.add(Code.FORMAT_EMPTY, "the input is empty")
+        return
+    head_n = min(size, HEAD_BYTES)
+    tail_n = min(size, TAIL_BYTES)
+    if tail_n == size:
+        head = tail = source.read_at(0, size)
+        head = head[:head_n]
+    else:
+        head, tail = source.read_many([(0, head_n), (size - tail_n, tail_n)])
+    kind = sniff(head, tail, size)
+    _dispatch(source, kind, an)
+
+
+def _dispatch(source: ByteSource, kind: Sniffed, an: Analysis) -> None:
+    # Imports are local: each format module pulls in its own parsers only when needed.
+    if kind.container == "zip":
+        _analyze_zip(source, an, kind)
+    elif kind.container == "pickle":
+        from core.formats import pickle_file
+
+        an.format = "pickle"
+        pickle_file.analyze(source, an)
+    elif kind.container in ("torch-legacy", "torch-tar"):
+        from core.formats import torch_legacy
+
+        an.format = kind.container
+        torch_legacy.analyze(source, an)
+    elif kind.container == "numpy":
+        from core.formats import npy
+
+        an.format = "numpy"
+        npy.analyze(source, an)
+    elif kind.container == "safetensors":
+        from core.formats import safetensors
+
+        an.format = "safetensors"
+        safetensors.analyze(source, an)
+    else:
+        an.format = "unknown"
+        an.add(Code.FORMAT_UNKNOWN, "the content matches no known checkpoint format")
+        if kind.zip_at_tail:
+            _analyze_zip(source, an, kind)
+
+
+def _analyze_zip(source: ByteSource, an: Analysis, kind: Sniffed) -> None:
+    from core.zipdir import read_directory
+
+    directory = read_directory(source, an.options.limits)
+    if len(directory.entries) > an.options.limits.max_zip_entries:
+        raise LimitExceeded(Code.LIMIT_ENTRIES, f"{len(directory.entries)} zip entries")
+    zip_kind = classify_zip(directory)
+    if an.format == "unknown":
+        an.format = zip_kind
+    if zip_kind in ("torch-zip", "torchscript"):
+        from core.formats import torch_zip
+
+        torch_zip.analyze_zip(source, directory, an)
+    elif zip_kind == "torch-export":
+        from core.formats import torch_export
+
+        torch_export.analyze_zip(source, directory, an)
+    elif zip_kind == "numpy-zip":
+        from core.formats import npy
+
+        npy.analyze_zip(source, directory, an)
+    else:
+        from core.formats import torch_zip
+
+        an.add(Code.FORMAT_UNKNOWN, "a zip archive that is not a known checkpoint layout")
+        torch_zip.check_generic_zip(source, directory, an)
+
+
+def classify_zip(directory: ZipDirectory) -> str:
+    """Decide the zip layout from its record names (FORMATS.md §0, §5, §7)."""
+    names = directory.by_name
+    prefix = directory.prefix()
+    if f"{prefix}/constants.pkl" in names:
+        return "torchscript"
+    if f"{prefix}/data.pkl" in names:
+        return "torch-zip"
+    if any(n.endswith("archive_format") for n in names) or any(
+            n.startswith(f"{prefix}/models/") and n.endswith(".json") for n in names):
+        return "torch-export"
+    if names and all(n.endswith(".npy") for n in names):
+        return "numpy-zip"
+    return "unknown"

@@ -1,0 +1,73 @@
+"""Leading and trailing bytes -> container kind. Never the file name.
+
+Strategy: torch.load decides by the first four bytes (FORMATS.md §0): `PK\\x03\\x04`
+means zip, anything else goes down the legacy path. We follow the same first
+decision so that we judge what torch would read, and additionally notice a zip
+end record at the tail of a non-zip file (a polyglot that shows one format to
+torch and another to zip readers). Zip subtypes (torch, TorchScript, torch.export,
+npz) need the central directory and are decided by core.scan.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import Literal
+
+Container = Literal["zip", "torch-legacy", "torch-tar", "pickle", "numpy", "safetensors",
+                    "empty", "unknown"]
+
+ZIP_LOCAL_MAGIC = b"PK\x03\x04"
+ZIP_EOCD_MAGIC = b"PK\x05\x06"
+NUMPY_MAGIC = b"\x93NUMPY"
+# torch's legacy magic number 0x1950A86A20F9469CFC6C pickled as LONG1 (FORMATS.md §4.1)
+TORCH_LEGACY_MAGIC = b"\x80\x02\x8a\x0a\x6c\xfc\x9c\x46\xf9\x20\x6a\xa8\x50\x19\x2e"
+HEAD_BYTES = 4096
+
+# Opcodes a protocol 0/1 pickle can start with (no PROTO): marks, constants, globals, ...
+_PICKLE_FIRST_OPS = frozenset(b"(.0123IJKLMNFGSTUVXcdehijklnoprqs}])\x88\x89\x8a\x8b\x8c\x8d\x8e\x8f"
+                              b"\x90\x91\x92\x93\x94\x95\x96\x97\x98")
+
+
+@dataclass(frozen=True, slots=True)
+class Sniffed:
+    container: Container
+    zip_at_tail: bool = False      # an EOCD record near the end (zip or polyglot)
+    detail: str = ""
+
+
+def sniff(head: bytes, tail: bytes, size: int) -> Sniffed:
+    """Classify by content. `head`: the first bytes (>= 512 if the file has them); `tail`: the last."""
+    if size == 0:
+        return Sniffed("empty")
+    zip_at_tail = ZIP_EOCD_MAGIC in tail[-(65535 + 22):]
+    if head.startswith(ZIP_LOCAL_MAGIC):
+        return Sniffed("zip", zip_at_tail)
+    if head.startswith(NUMPY_MAGIC):
+        return Sniffed("numpy", zip_at_tail)
+    if head.startswith(TORCH_LEGACY_MAGIC):
+        return Sniffed("torch-legacy", zip_at_tail)
+    if len(head) >= 262 and head[257:262] == b"ustar":
+        return Sniffed("torch-tar", zip_at_tail, "ustar")
+    if _looks_like_safetensors(head, size):
+        return Sniffed("safetensors", zip_at_tail)
+    if head[:1] == b"\x80" and len(head) > 1 and head[1] <= 5:
+        return Sniffed("pickle", zip_at_tail, f"protocol {head[1]}")
+    if head[:1] and head[0] in _PICKLE_FIRST_OPS:
+        return Sniffed("pickle", zip_at_tail, "no PROTO: protocol 0/1 or not a pickle")
+    if zip_at_tail:
+        # a zip whose first record is not at offset 0 (prepended data): torch would take
+        # the legacy path and fail; zip readers would see an archive.
+        return Sniffed("zip", True, "prepended data before the first record")
+    return Sniffed("unknown", zip_at_tail)
+
+
+def _looks_like_safetensors(head: bytes, size: int) -> bool:
+    """u64 header length, then a JSON object (FORMATS.md §6)."""
+    if len(head) < 9:
+        return False
+    (n,) = struct.unpack_from("<Q", head)
+    if n < 2 or 8 + n > size:
+        return False
+    first = head[8:].lstrip(b" \t\r\n")[:1]
+    return first == b"{"
