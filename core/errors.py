@@ -153,6 +153,15 @@ class Code(StrEnum):
     # --- safetensors / numpy / torch.export ------------------------------------------------
     ST_BAD_HEADER = "ST_BAD_HEADER", _H, _X, "the safetensors header is invalid"
     ST_BAD_OFFSETS = "ST_BAD_OFFSETS", _H, _X, "safetensors data offsets are invalid"
+    ST_BAD_DTYPE = "ST_BAD_DTYPE", _H, _X, "a safetensors tensor has an unknown dtype"
+    ST_BAD_SHAPE = "ST_BAD_SHAPE", _H, _X, "a safetensors shape is not a list of unsigned integers"
+    ST_SIZE_MISMATCH = ("ST_SIZE_MISMATCH", _H, _X,
+                        "a safetensors tensor's byte span differs from shape x dtype size")
+    ST_NOT_COVERED = ("ST_NOT_COVERED", _H, _X,
+                      "safetensors tensors do not cover the data buffer exactly")
+    ST_BAD_METADATA = "ST_BAD_METADATA", _H, _X, "safetensors __metadata__ is not a str -> str map"
+    ST_DUPLICATE_NAME = ("ST_DUPLICATE_NAME", _M, _S,
+                         "a safetensors tensor name repeats: readers may pick different entries")
     NPY_BAD_HEADER = "NPY_BAD_HEADER", _H, _X, "the .npy header is invalid"
     NPY_OBJECT_ARRAY = ("NPY_OBJECT_ARRAY", _M, _S,
                         "an object array: its data is a pickle (allow_pickle needed)")

@@ -1,0 +1,331 @@
+"""safetensors: header validation exactly as the safetensors library 0.8 enforces it.
+
+Strategy: read the 8-byte length and the header in at most two reads (one
+speculative read covers small headers), then replay the Rust reader's checks in its
+order (FORMATS.md §6; safetensors/src/tensor.rs `read_metadata` + `validate`):
+length bounds, UTF-8, serde_json's grammar (recursion limit, lone surrogates,
+integers only as u64, duplicate struct fields), the struct shapes serde accepts
+(tensor info as a map *or* a 3-sequence, dtype as a string or `{"F32": null}`),
+offsets sorted by (begin, end) that tile the buffer, sizes from shape x bits.
+Unlike the library we do not stop at the first violation: each one is a finding.
+Acceptance (no finding with effect `invalid`) equals the library's.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import struct
+from dataclasses import dataclass, field
+from typing import Any
+
+from core.analysis import Analysis
+from core.dtypes import SAFETENSORS_DTYPE
+from core.errors import Code, FormatError
+from core.report import TensorEntry, WeightsOnly
+from core.source import ByteSource
+
+MAX_HEADER_SIZE = 100_000_000          # safetensors: MAX_HEADER_SIZE
+SPECULATIVE_READ = 64 * 1024           # one read covers most headers
+SERDE_MAX_DEPTH = 127                  # serde_json recursion limit: 128 nested levels fail
+U64_MAX = 2**64 - 1
+MAX_FINDINGS = 64                      # per-file cap on repeated offset/size findings
+METADATA_KEY = "__metadata__"
+_FIELDS = ("dtype", "shape", "data_offsets")
+
+
+class _Bad:
+    """A JSON number serde_json would not deserialize as usize (negative, float, > u64)."""
+
+    __slots__ = ("text",)
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def __repr__(self) -> str:
+        return self.text
+
+
+class _Pairs(list[tuple[str, Any]]):
+    """A JSON object as its (key, value) pairs in document order (duplicates kept)."""
+
+
+@dataclass(slots=True)
+class StTensor:
+    name: str
+    dtype: str                 # safetensors tag, e.g. "F32"
+    shape: list[int]
+    begin: int
+    end: int
+
+
+@dataclass(slots=True)
+class StHeader:
+    header_len: int
+    tensors: list[StTensor] = field(default_factory=list)   # sorted by (begin, end)
+    metadata: dict[str, str] | None = None
+    duplicates: list[str] = field(default_factory=list)
+
+
+def analyze(source: ByteSource, an: Analysis) -> None:
+    """Validate a whole .safetensors file; fill the manifest with absolute offsets."""
+    an.format = "safetensors"
+    size = source.size
+    try:
+        header = read_header(source)
+        problems = validate(header, size)
+    except FormatError as exc:
+        an.add_error(exc)
+        an.weights_only = WeightsOnly(loadable=False, error=exc.message, error_type="SafetensorError")
+        return
+    for exc in problems[:MAX_FINDINGS]:
+        an.add_error(exc)
+    if len(problems) > MAX_FINDINGS:
+        an.add(problems[0].code, f"{len(problems) - MAX_FINDINGS} more violations not listed")
+    for name in header.duplicates:
+        an.add(Code.ST_DUPLICATE_NAME, f"tensor name {name!r} appears more than once; "
+               "the library keeps the last one, other readers may keep the first", offset=8)
+    base = 8 + header.header_len
+    for t in header.tensors:
+        torch_dtype = SAFETENSORS_DTYPE[t.dtype][0]
+        an.tensors.append(TensorEntry(
+            name=t.name, path=[t.name], dtype=torch_dtype, shape=list(t.shape),
+            stride=contiguous_strides(t.shape), storage_offset=0, storage=None, kind="tensor",
+            requires_grad=False, data_offset=base + t.begin, nbytes=max(0, t.end - t.begin)))
+    an.extra["safetensors"] = {
+        "header_bytes": header.header_len,
+        "metadata": header.metadata if header.metadata is not None and
+        len(json.dumps(header.metadata)) <= 4096 else None,
+        "metadata_keys": len(header.metadata or {}),
+    }
+    if problems:
+        an.weights_only = WeightsOnly(loadable=False, error=problems[0].message,
+                                      error_type="SafetensorError")
+    else:
+        # FORMATS.md §0: torch.load routes .safetensors to the safetensors library: no pickle.
+        an.weights_only = WeightsOnly(loadable=True)
+
+
+def contiguous_strides(shape: list[int]) -> list[int]:
+    """Row-major element strides of `shape`."""
+    strides = [1] * len(shape)
+    acc = 1
+    for i in range(len(shape) - 1, -1, -1):
+        strides[i] = acc
+        acc *= max(shape[i], 1)
+    return strides
+
+
+def read_header(source: ByteSource) -> StHeader:
+    """Read and parse the JSON header (at most two source reads). Raises FormatError."""
+    size = source.size
+    if size < 8:
+        raise FormatError(Code.ST_BAD_HEADER, "header too small", offset=0)
+    first = source.read_at(0, min(size, SPECULATIVE_READ))
+    (n,) = struct.unpack_from("<Q", first)
+    if n > MAX_HEADER_SIZE:
+        raise FormatError(Code.ST_BAD_HEADER, f"header too large ({n} bytes)", offset=0)
+    if 8 + n > size:
+        raise FormatError(Code.ST_BAD_HEADER,
+                          f"invalid header length {n} for a {size}-byte file", offset=0)
+    raw = first[8 : 8 + n] if 8 + n <= len(first) else first[8:] + source.read_at(
+        len(first), 8 + n - len(first))
+    return parse_header(raw)
+
+
+def parse_header(raw: bytes) -> StHeader:
+    """The header bytes -> StHeader, with serde_json's and serde's acceptance rules."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise FormatError(Code.ST_BAD_HEADER, "header is not valid UTF-8",
+                          offset=8 + exc.start) from exc
+    depth = json_depth(raw)
+    if depth > SERDE_MAX_DEPTH:
+        raise FormatError(Code.ST_BAD_HEADER, f"JSON nested {depth} deep: recursion limit exceeded",
+                          offset=8)
+    try:
+        doc = json.loads(text, object_pairs_hook=_Pairs, parse_int=_parse_int,
+                         parse_float=_Bad, parse_constant=_reject_constant)
+    except (ValueError, RecursionError) as exc:
+        raise FormatError(Code.ST_BAD_HEADER, f"invalid JSON in header: {exc}", offset=8) from exc
+    _check_strings(doc)
+    if not isinstance(doc, _Pairs):
+        raise FormatError(Code.ST_BAD_HEADER, "header is not a JSON object", offset=8)
+    header = StHeader(header_len=len(raw))
+    tensors: dict[str, StTensor] = {}
+    seen_meta = False
+    for key, value in doc:
+        if key == METADATA_KEY:
+            if seen_meta:
+                raise FormatError(Code.ST_BAD_HEADER, "duplicate field `__metadata__`", offset=8)
+            seen_meta = True
+            header.metadata = _metadata(value)
+            continue
+        if key in tensors:
+            header.duplicates.append(key)
+        tensors[key] = _tensor_info(key, value)   # serde's HashMap: the last one wins
+    # safetensors sorts by data_offsets (begin, end); Python's sort is stable like Rust's
+    header.tensors = sorted(tensors.values(), key=lambda t: (t.begin, t.end))
+    return header
+
+
+def validate(header: StHeader, file_size: int) -> list[FormatError]:
+    """`Metadata::validate` + the buffer-coverage check, every violation collected."""
+    problems: list[FormatError] = []
+    base = 8 + header.header_len
+    start = 0
+    for t in header.tensors:
+        if t.begin != start or t.end < t.begin:
+            problems.append(FormatError(
+                Code.ST_BAD_OFFSETS, f"invalid offset for tensor `{t.name}`: "
+                f"[{t.begin}, {t.end}) where {start} was expected", offset=base + min(t.begin, U64_MAX)))
+        start = t.end
+        numel = 1
+        for dim in t.shape:
+            numel *= dim
+            if numel > U64_MAX:
+                break
+        bits = numel * SAFETENSORS_DTYPE[t.dtype][1]
+        if numel > U64_MAX or bits > U64_MAX:
+            problems.append(FormatError(
+                Code.ST_SIZE_MISMATCH, f"overflow computing buffer size of `{t.name}` "
+                f"from shape {t.shape} and {t.dtype}", offset=base + min(t.begin, U64_MAX)))
+            continue
+        if bits % 8:
+            problems.append(FormatError(
+                Code.ST_SIZE_MISMATCH, f"`{t.name}`: {numel} x {t.dtype} does not end on a byte "
+                "boundary", offset=base + t.begin))
+            continue
+        if t.end >= t.begin and t.end - t.begin != bits // 8:
+            problems.append(FormatError(
+                Code.ST_SIZE_MISMATCH, f"invalid shape, data type, or offset for tensor `{t.name}`: "
+                f"{t.shape} x {t.dtype} is {bits // 8} bytes, offsets span {t.end - t.begin}",
+                offset=base + t.begin))
+    if base + start != file_size:
+        problems.append(FormatError(
+            Code.ST_NOT_COVERED, f"incomplete metadata, file not fully covered: tensors end at "
+            f"{base + start}, the file at {file_size}", offset=min(base + start, file_size)))
+    return problems
+
+
+def json_depth(raw: bytes) -> int:
+    """Deepest `[`/`{` nesting outside strings (serde_json counts the same brackets)."""
+    stripped = _STRING_RE.sub(b"", raw)
+    depth = deepest = 0
+    for m in _BRACKET_RE.finditer(stripped):
+        if m.group() in (b"[", b"{"):
+            depth += 1
+            deepest = max(deepest, depth)
+        else:
+            depth -= 1
+    return deepest
+
+
+_STRING_RE = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
+_BRACKET_RE = re.compile(rb"[\[\]{}]")
+
+
+def _parse_int(text: str) -> int | _Bad:
+    # serde_json: "-0" is a float, negatives are i64, > u64::MAX falls back to f64
+    if text.startswith("-") or len(text) > 20 or int(text) > U64_MAX:
+        return _Bad(text)
+    return int(text)
+
+
+def _reject_constant(text: str) -> Any:
+    raise ValueError(f"{text} is not JSON")
+
+
+def _check_strings(doc: Any) -> None:
+    """serde_json refuses lone surrogates (Python's json decodes them); walk iteratively."""
+    stack = [doc]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, str):
+            if _SURROGATE_RE.search(node):
+                raise FormatError(Code.ST_BAD_HEADER, "lone surrogate in hex escape", offset=8)
+        elif isinstance(node, _Pairs):
+            for k, v in node:
+                stack.append(k)
+                stack.append(v)
+        elif isinstance(node, list):
+            stack.extend(node)
+
+
+_SURROGATE_RE = re.compile("[\ud800-\udfff]")
+
+
+def _metadata(value: Any) -> dict[str, str] | None:
+    if value is None:  # Option<HashMap<..>>: null is None
+        return None
+    if not isinstance(value, _Pairs):
+        raise FormatError(Code.ST_BAD_METADATA, f"__metadata__ must be a map, got {_kind(value)}",
+                          offset=8)
+    out: dict[str, str] = {}
+    for k, v in value:
+        if not isinstance(v, str):
+            raise FormatError(Code.ST_BAD_METADATA,
+                              f"__metadata__[{k!r}] must be a string, got {_kind(v)}", offset=8)
+        out[k] = v
+    return out
+
+
+def _tensor_info(name: str, value: Any) -> StTensor:
+    """serde's derived `TensorInfo`: a map (unknown keys ignored) or a 3-sequence."""
+    if isinstance(value, _Pairs):
+        found: dict[str, Any] = {}
+        for k, v in value:
+            if k in _FIELDS:
+                if k in found:
+                    raise FormatError(Code.ST_BAD_HEADER, f"tensor `{name}`: duplicate field `{k}`",
+                                      offset=8)
+                found[k] = v
+        for f in _FIELDS:
+            if f not in found:
+                raise FormatError(Code.ST_BAD_HEADER, f"tensor `{name}`: missing field `{f}`",
+                                  offset=8)
+        dtype_v, shape_v, offsets_v = found["dtype"], found["shape"], found["data_offsets"]
+    elif isinstance(value, list):
+        if len(value) != 3:
+            raise FormatError(Code.ST_BAD_HEADER, f"tensor `{name}`: invalid length {len(value)}, "
+                              "expected 3 elements in sequence", offset=8)
+        dtype_v, shape_v, offsets_v = value
+    else:
+        raise FormatError(Code.ST_BAD_HEADER,
+                          f"tensor `{name}`: expected struct TensorInfo, got {_kind(value)}", offset=8)
+    dtype = _dtype(name, dtype_v)
+    if not isinstance(shape_v, list):
+        raise FormatError(Code.ST_BAD_SHAPE, f"tensor `{name}`: shape must be a sequence", offset=8)
+    shape = [_usize(name, "shape", d) for d in shape_v]
+    if not isinstance(offsets_v, list) or len(offsets_v) != 2:
+        raise FormatError(Code.ST_BAD_OFFSETS,
+                          f"tensor `{name}`: data_offsets must be a tuple of size 2", offset=8)
+    begin, end = (_usize(name, "data_offsets", o) for o in offsets_v)
+    return StTensor(name, dtype, shape, begin, end)
+
+
+def _dtype(name: str, value: Any) -> str:
+    # serde enum: a unit variant as a string, or a one-entry map {"F32": null}
+    if isinstance(value, _Pairs) and len(value) == 1 and value[0][1] is None:
+        value = value[0][0]
+    if not isinstance(value, str) or value not in SAFETENSORS_DTYPE:
+        raise FormatError(Code.ST_BAD_DTYPE, f"tensor `{name}`: unknown dtype {value!r}", offset=8)
+    return value
+
+
+def _usize(name: str, what: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        code = Code.ST_BAD_OFFSETS if what == "data_offsets" else Code.ST_BAD_SHAPE
+        raise FormatError(code, f"tensor `{name}`: {what} entry {value!r} is not a usize", offset=8)
+    return value
+
+
+def _kind(value: Any) -> str:
+    if isinstance(value, _Pairs):
+        return "map"
+    if isinstance(value, list):
+        return "sequence"
+    if value is None:
+        return "null"
+    return type(value).__name__
