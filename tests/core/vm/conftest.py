@@ -1,0 +1,51 @@
+"""Fixtures for the VM tests: real torch data.pkl bytes (torch is the oracle, tests only)."""
+
+from __future__ import annotations
+
+import io
+import zipfile
+from collections.abc import Callable
+
+import pytest
+
+
+def torch_data_pkl(obj: object) -> bytes:
+    """The data.pkl record of `torch.save(obj)` (zip format)."""
+    import torch
+
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    with zipfile.ZipFile(io.BytesIO(buf.getvalue())) as zf:
+        name = next(n for n in zf.namelist() if n.endswith("/data.pkl"))
+        return zf.read(name)
+
+
+def torch_legacy_stream(obj: object) -> bytes:
+    """A legacy (_use_new_zipfile_serialization=False) torch stream."""
+    import torch
+
+    buf = io.BytesIO()
+    torch.save(obj, buf, _use_new_zipfile_serialization=False)
+    return buf.getvalue()
+
+
+@pytest.fixture(scope="session")
+def make_torch_pkl() -> Callable[[object], bytes]:
+    return torch_data_pkl
+
+
+@pytest.fixture(scope="session")
+def state_dict_pkl() -> bytes:
+    """data.pkl of a small, varied state_dict: typed storages, shared storage, Parameter, ints."""
+    import torch
+
+    w = torch.arange(6, dtype=torch.float32).reshape(2, 3)
+    sd = {
+        "w": w,
+        "view": w[1],
+        "half": torch.ones(3, dtype=torch.float16),
+        "p": torch.nn.Parameter(torch.zeros(2)),
+        "step": 7,
+        "nested": {"lr": 0.5, "names": ["a", "b"]},
+    }
+    return torch_data_pkl(sd)
