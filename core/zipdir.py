@@ -114,7 +114,7 @@ class ZipDirectory:
         hit = self.by_name.get(name)
         if hit is not None:
             return hit
-        return self.folded.get(_lower(name.encode("utf-8", "surrogateescape")))
+        return self.folded.get(fold_name(name.encode("utf-8", "surrogateescape")))
 
     def prefix(self) -> str:
         """torch's record prefix: the first entry's name up to '/' ("" if it has none).
@@ -348,13 +348,14 @@ def torch_lookup_order(keys: Sequence[bytes]) -> list[int]:
 _LOWER = bytes.maketrans(b"ABCDEFGHIJKLMNOPQRSTUVWXYZ", b"abcdefghijklmnopqrstuvwxyz")
 
 
-def _lower(raw: bytes) -> bytes:
-    return raw.translate(_LOWER)   # MZ_TOLOWER: ASCII only
+def fold_name(raw: bytes) -> bytes:
+    """A name as miniz compares it: ASCII letters lower-cased (MZ_TOLOWER), other bytes kept."""
+    return raw.translate(_LOWER)
 
 
 def torch_lookup(keys: Sequence[bytes], order: Sequence[int], name: bytes) -> int | None:
     """Index miniz's binary search (`mz_zip_locate_file_binary_search`) finds for `name`."""
-    key = _lower(name)
+    key = fold_name(name)
     lo, hi = 0, len(order) - 1
     while lo <= hi:
         mid = lo + ((hi - lo) >> 1)
@@ -370,7 +371,7 @@ def torch_lookup(keys: Sequence[bytes], order: Sequence[int], name: bytes) -> in
 
 def torch_names(entries: Sequence[ZipEntry]) -> tuple[dict[str, ZipEntry], dict[bytes, ZipEntry]]:
     """(name -> entry torch reads, lower-cased name -> same). Fast path: no case-folded clash."""
-    keys = [_lower(e.name_bytes) for e in entries]
+    keys = [fold_name(e.name_bytes) for e in entries]
     folded = dict(zip(keys, entries, strict=True))
     if len(folded) == len(entries):
         return {e.name: e for e in entries}, folded
