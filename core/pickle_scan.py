@@ -1,11 +1,13 @@
 """One pickle, judged twice: as torch's weights-only unpickler would load it, and as
 Python's real pickle would execute it.
 
-Strategy: `weights_only.emulate` replays torch 2.13's restricted unpickler and says
-whether (and how) torch would refuse; it stops where torch stops. The symbolic VM
-(`vm.run_vm`) then reads the WHOLE pickle with every opcode of every protocol, so the
-globals and calls after torch's first refusal still reach the threat analysis
-(`threats.assess`). Bytes after STOP are inspected for a second pickle.
+Strategy: a clean torch pickle (the common case) is proven clean by the C-speed
+`fastpath`, which declines on anything unusual. Otherwise `weights_only.emulate`
+replays torch 2.13's restricted unpickler and says whether (and how) torch would
+refuse; it stops where torch stops. The symbolic VM (`vm.run_vm`) then reads the WHOLE
+pickle with every opcode of every protocol, so the globals and calls after torch's
+first refusal still reach the threat analysis (`threats.assess`). Bytes after STOP are
+inspected for a second pickle.
 """
 
 from __future__ import annotations
@@ -14,10 +16,22 @@ from dataclasses import dataclass
 from typing import Any
 
 from core.analysis import Analysis
+from core.dtypes import ITEMSIZE, storage_dtype
 from core.errors import Code
+from core.fastpath import Decline, FastResult, check_rebuild, fast_load
+from core.names import python_map
 from core.threats import assess
-from core.vm import VmResult, run_vm
-from core.weights_only import StorageResolver, StorageUse, WeightsOnlyResult, emulate
+from core.values import Global, PersId
+from core.vm import GlobalUse, VmResult, run_vm
+from core.weights_only import (
+    ALLOWED_GLOBALS,
+    BASELINE_USER_GLOBALS,
+    BLOCKED_MODULES,
+    StorageResolver,
+    StorageUse,
+    WeightsOnlyResult,
+    emulate,
+)
 
 
 @dataclass(slots=True)
@@ -27,32 +41,108 @@ class PickleScan:
     root: Any                      # the graph the manifest is built from
     storages: list[StorageUse]     # persistent_load keys in first-encounter order
     end: int                       # relative position just after STOP
+    fast: bool = False             # judged by the fast path
 
 
 def scan_pickle(data: bytes | memoryview, an: Analysis, *, record: str | None,
                 base_offset: int, resolver: StorageResolver | None = None,
                 legacy: bool = False, start: int = 0,
                 check_trailing: bool = True) -> PickleScan:
-    """Emulate torch, run the VM, assess globals/calls; findings go into `an`."""
+    """Judge one pickle at data[start:]; findings and globals go into `an`."""
     opts = an.options
-    view = memoryview(data)[start:] if start else data
-    wo = emulate(view, allow=opts.allow, resolver=resolver, base_offset=base_offset + start,
-                 limits=opts.limits, legacy=legacy)
-    vm = run_vm(view, base_offset=base_offset + start, limits=opts.limits)
+    view = bytes(memoryview(data)[start:]) if start else bytes(data)
+    base = base_offset + start
+    scan = None if legacy else _try_fast(view, an, resolver, base)
+    if scan is None:
+        wo = emulate(view, allow=opts.allow, resolver=resolver, base_offset=base,
+                     limits=opts.limits, legacy=legacy)
+        vm = run_vm(view, base_offset=base, limits=opts.limits)
+        root = wo.root if wo.error is None else vm.root
+        end = vm.end if vm.complete else wo.end
+        scan = PickleScan(wo, vm, root, wo.storages, end)
+    vm = scan.vm
     assess(vm, an, allow=opts.allow, record=record)
     if vm.error is not None:
         exc = vm.error
         an.add(exc.code, exc.message, record=record, offset=exc.offset)
     if vm.protocol is not None and vm.protocol != 2:
-        an.add(Code.PICKLE_PROTOCOL, f"pickle protocol {vm.protocol}", record=record,
-               offset=base_offset + start)
+        an.add(Code.PICKLE_PROTOCOL, f"pickle protocol {vm.protocol}", record=record, offset=base)
     if check_trailing and vm.complete and vm.end < len(view):
-        _inspect_trailing(view, vm.end, an, record=record, base_offset=base_offset + start)
-    root = wo.root if wo.error is None else vm.root
-    return PickleScan(wo, vm, root, wo.storages, start + (vm.end if vm.complete else wo.end))
+        _inspect_trailing(view, vm.end, an, record=record, base_offset=base)
+    scan.end += start
+    return scan
 
 
-def _inspect_trailing(data: bytes | memoryview, pos: int, an: Analysis, *, record: str | None,
+def _allowed_checker(allow: frozenset[str]) -> Any:
+    allowed = ALLOWED_GLOBALS | BASELINE_USER_GLOBALS | allow
+    blocked = tuple(m + "." for m in BLOCKED_MODULES)
+
+    def is_allowed(full: str) -> bool:
+        # torch checks the exact module against the blocklist first; declining every
+        # "os.*"-looking name is stricter and leaves the exact verdict to the slow path.
+        return full in allowed and not full.startswith(blocked)
+    return is_allowed
+
+
+def _try_fast(data: bytes, an: Analysis, resolver: StorageResolver | None,
+              base_offset: int) -> PickleScan | None:
+    """The fast path's answer, or None when it declines (then the exact path runs)."""
+    storages: dict[str, StorageUse] = {}
+
+    def check_pid(pid: tuple[Any, ...]) -> None:
+        # torch `_load.persistent_load`, zip flavour (FORMATS.md §2.2), narrowly
+        if len(pid) != 5 or pid[0] not in ("storage", b"storage"):
+            raise Decline("persistent id is not a 5-field storage tuple")
+        st, key, location, numel = pid[1:]
+        if (type(st) is not Global or type(key) is not str or type(location) is not str
+                or type(numel) is not int or numel < 0):
+            raise Decline("unusual storage persistent id")
+        if st.full == "torch.storage.UntypedStorage":
+            dtype: str | None = "uint8"
+        else:
+            dtype = storage_dtype(st.module, st.name)
+        if dtype is None:
+            raise Decline(f"storage type {st.full}")
+        nbytes = numel * ITEMSIZE[dtype]
+        prev = storages.get(key)
+        if prev is not None:
+            if (prev.storage_type, prev.numel) != (st.full, numel):
+                raise Decline(f"storage {key!r} re-declared differently")
+            return
+        if resolver is not None and resolver.check(key, nbytes) is not None:
+            raise Decline(f"storage {key!r} does not match its record")
+        storages[key] = StorageUse(key=key, storage_type=st.full, dtype=dtype, numel=numel,
+                                   nbytes=nbytes, location=location, offset=-1)
+
+    def storage_info(p: PersId) -> tuple[str, int] | None:
+        use = storages.get(p.pid[2])
+        return (use.dtype, use.nbytes) if use is not None else None
+
+    def check_call(full: str, args: tuple[Any, ...]) -> str | None:
+        return check_rebuild(full, args, storage_info)
+
+    try:
+        fast = fast_load(data, allowed=_allowed_checker(an.options.allow), check_pid=check_pid,
+                         check_call=check_call)
+    except Decline:
+        return None
+    return _as_scan(fast, list(storages.values()), base_offset)
+
+
+def _as_scan(fast: FastResult, storages: list[StorageUse], base_offset: int) -> PickleScan:
+    toks = fast.tokens
+    proto = toks.protocol or 0
+    uses = [GlobalUse(*python_map(raw_module, raw_name, proto), raw_module, raw_name, "GLOBAL",
+                      base_offset + pos)
+            for _module, _name, raw_module, raw_name, pos in toks.globals]
+    vm = VmResult(root=fast.root, complete=True, start=0, end=toks.end, protocol=toks.protocol,
+                  globals=uses, calls=fast.calls, persids=fast.persids)
+    wo = WeightsOnlyResult(loadable=True, error=None, root=fast.root, storages=storages,
+                           end=toks.end, protocol=toks.protocol)
+    return PickleScan(wo, vm, fast.root, storages, toks.end, fast=True)
+
+
+def _inspect_trailing(data: bytes, pos: int, an: Analysis, *, record: str | None,
                       base_offset: int) -> None:
     """Bytes after STOP: torch ignores them; another unpickler (or a later pickle.load on the
     same stream) might not. A second pickle there is a classic hiding place."""
@@ -62,7 +152,7 @@ def _inspect_trailing(data: bytes | memoryview, pos: int, an: Analysis, *, recor
         if rest <= 0:
             return
         nxt = run_vm(data, start=pos, base_offset=base_offset, limits=limits)
-        if nxt.complete and nxt.globals or nxt.complete and nxt.opcode_count > 1:
+        if nxt.complete and (nxt.globals or nxt.opcode_count > 1):
             an.add(Code.PICKLE_SECOND_PICKLE,
                    f"a second pickle ({nxt.opcode_count} opcodes) follows STOP",
                    record=record, offset=base_offset + pos)

@@ -1,0 +1,314 @@
+"""C-speed path for the common case: a clean torch pickle, judged without Python's pickle
+ever touching a real global.
+
+Strategy (the bench behind it: bench/scan_bench.py): the exact interpreters
+(core.weights_only + core.vm) run ~1 M opcodes/s, and a 100k-tensor data.pkl has 3 M.
+Most checkpoints are clean, so we first try to prove this one is:
+
+1. `tokenize` walks the opcodes exactly (the fixed-size runs inside one compiled regex,
+   the length-prefixed ones in Python) and declines unless every opcode is in torch's
+   accepted set, every GLOBAL is allowlisted and every memo index is small;
+2. the C `_pickle.Unpickler` then builds the value graph, but `find_class` returns only
+   our own inert stub classes and `persistent_load` our `PersId` nodes. The stubs
+   accept exactly the operations torch's restricted unpickler accepts on a clean
+   state_dict (OrderedDict() + SETITEMS + BUILD, rebuild calls) and raise `Decline` for
+   anything else, including any list that receives SETITEM (EMPTY_LIST is rewritten
+   to build a `_CheckedList`).
+
+Any doubt raises `Decline` and the caller runs the exact interpreters instead. So this
+path can only be faster, never different: it answers "loadable" only for pickles the
+exact path would also load, and gives the same globals, storages and graph shape.
+"""
+
+from __future__ import annotations
+
+import gc
+import io
+import pickle
+import re
+import struct
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from core.dtypes import ITEMSIZE
+from core.names import torch_map
+from core.values import Call, Global, PersId
+
+_MAX_MEMO_INDEX_FLOOR = 1 << 20
+
+
+class Decline(Exception):
+    """The fast path cannot vouch for this pickle: use the exact interpreters."""
+
+
+# Fixed-size opcodes torch accepts (FORMATS.md §3.4), as one possessive run:
+# 0-arg: NEWOBJ REDUCE BUILD APPEND APPENDS SETITEM SETITEMS MARK TUPLE TUPLE1-3
+# EMPTY_TUPLE EMPTY_DICT EMPTY_SET NONE NEWTRUE NEWFALSE BINPERSID; 1-byte arg: BININT1
+# BINGET BINPUT; 2: BININT2; 4: BININT LONG_BINGET; 8: BINFLOAT. EMPTY_LIST and
+# LONG_BINPUT are handled in Python (rewrite / bound check).
+_RUN = re.compile(
+    rb"(?:[\x81Rbaesu(t\x85\x86\x87)}\x8fN\x88\x89Q]|[Khq][\x00-\xff]|M[\x00-\xff]{2}"
+    rb"|[Jj][\x00-\xff]{4}|r[\x00-\xff]{2}[\x00-\x0f]\x00|G[\x00-\xff]{8})*+"
+)
+_U32 = struct.Struct("<I")
+
+
+@dataclass(slots=True)
+class Tokens:
+    """What the opcode walk learned: enough to stand in for the VM's bookkeeping."""
+
+    globals: list[tuple[str, str, str, str, int]] = field(default_factory=list)
+    # (module, name, raw_module, raw_name, relative pos)
+    protocol: int | None = None
+    end: int = 0                       # relative position after STOP
+    rewritten: bytes | None = None     # data with EMPTY_LIST rewritten, if any
+
+
+def tokenize(data: bytes, allowed: Callable[[str], bool]) -> Tokens:
+    """Walk the opcodes of one pickle; Decline on anything torch would not accept."""
+    toks = Tokens()
+    pos = 0
+    n = len(data)
+    match = _RUN.match
+    pieces: list[bytes] = []
+    piece_start = 0
+    memo_cap = max(_MAX_MEMO_INDEX_FLOOR, n)
+    while True:
+        pos = match(data, pos).end()
+        if pos >= n:
+            raise Decline("no STOP")
+        op = data[pos]
+        if op == 0x58:  # BINUNICODE
+            if pos + 5 > n:
+                raise Decline("truncated")
+            pos += 5 + _U32.unpack_from(data, pos + 1)[0]
+        elif op == 0x63:  # GLOBAL
+            nl1 = data.find(b"\n", pos + 1)
+            nl2 = data.find(b"\n", nl1 + 1) if nl1 >= 0 else -1
+            if nl2 < 0:
+                raise Decline("truncated GLOBAL")
+            try:
+                raw_module = data[pos + 1:nl1].decode("utf-8")
+                raw_name = data[nl1 + 1:nl2].decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise Decline("GLOBAL not utf-8") from exc
+            module, name = torch_map(raw_module, raw_name)
+            if not allowed(f"{module}.{name}"):
+                raise Decline(f"global {module}.{name} is not allowlisted")
+            toks.globals.append((module, name, raw_module, raw_name, pos))
+            pos = nl2 + 1
+        elif op == 0x72:  # LONG_BINPUT with a large index: bound it (C memo is an array)
+            if pos + 5 > n or _U32.unpack_from(data, pos + 1)[0] >= memo_cap:
+                raise Decline("memo index out of range")
+            pos += 5
+        elif op == 0x5D:  # EMPTY_LIST -> a list that refuses SETITEM (torch: dict types only)
+            pieces.append(data[piece_start:pos])
+            pieces.append(b"c__ckptguard__\nlist\n)R")
+            pos += 1
+            piece_start = pos
+        elif op == 0x55 or op == 0x8A:  # SHORT_BINSTRING, LONG1
+            if pos + 2 > n:
+                raise Decline("truncated")
+            pos += 2 + data[pos + 1]
+        elif op == 0x80:  # PROTO
+            if pos + 2 > n:
+                raise Decline("truncated")
+            if toks.protocol is None:
+                toks.protocol = data[pos + 1]
+            if data[pos + 1] > pickle.HIGHEST_PROTOCOL:
+                raise Decline("protocol beyond the C unpickler")
+            pos += 2
+        elif op == 0x2E:  # STOP
+            toks.end = pos + 1
+            break
+        else:
+            raise Decline(f"opcode {op} is not accepted by torch")
+        if pos > n:
+            raise Decline("argument past end")
+    if pieces:
+        pieces.append(data[piece_start:toks.end])
+        toks.rewritten = b"".join(pieces)
+    return toks
+
+
+class _CheckedList(list[Any]):
+    """A list that, like torch's unpickler, refuses SETITEM."""
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        raise Decline("SETITEM on a list")
+
+
+class _ODict(OrderedDict[Any, Any]):
+    """`OrderedDict()` at C speed; BUILD updates `__dict__` with a dict, as torch does."""
+
+    def __setstate__(self, state: Any) -> None:
+        if type(state) is not dict:
+            raise Decline("BUILD on OrderedDict with a non-dict state")
+        self.__dict__.update(state)
+
+
+class _StubMeta(type):
+    node: Global
+
+    def __call__(cls, *args: Any) -> Any:
+        return cls.reduce(args)
+
+    def reduce(cls, args: tuple[Any, ...]) -> Any:
+        raise Decline(f"call of {cls.node.full}")
+
+
+class _GlobalStub(metaclass=_StubMeta):
+    node: Global
+
+    def __new__(cls, *args: Any) -> Any:  # NEWOBJ
+        raise Decline(f"NEWOBJ of {cls.node.full}")
+
+
+def _as_value(x: Any) -> Any:
+    """Stub classes that appear as plain values become Global nodes."""
+    return x.node if type(x) is _StubMeta else x
+
+
+# Only the rebuild calls a plain state_dict needs; the rest (quantized, sparse, meta,
+# subclasses...) take the exact path, which models their argument checks.
+_REBUILDERS = frozenset(("torch._utils._rebuild_tensor_v2", "torch._utils._rebuild_tensor_v3",
+                         "torch._utils._rebuild_parameter"))
+
+
+def _make_stub(node: Global, calls: list[Call],
+               check_call: Callable[[str, tuple[Any, ...]], str | None] | None) -> Any:
+    full = node.full
+    if full == "__ckptguard__.list":
+        return _CheckedList
+    if full == "collections.OrderedDict":
+        return _ODict
+    if full not in _REBUILDERS:
+        return _StubMeta(node.name, (_GlobalStub,), {"node": node})
+
+    def reduce(cls: type, args: tuple[Any, ...]) -> Any:
+        if _StubMeta in map(type, args):  # a dtype/layout global among the arguments
+            args = tuple(map(_as_value, args))
+        call = Call(node, args)
+        if check_call is not None:
+            call.attrs["dtype"] = check_call(full, args)
+        calls.append(call)
+        return call
+    return _StubMeta(node.name, (_GlobalStub,), {"node": node, "reduce": classmethod(reduce)})
+
+
+@dataclass(slots=True)
+class FastResult:
+    root: Any
+    tokens: Tokens
+    calls: list[Call]
+    persids: list[PersId]
+
+
+def fast_load(data: bytes, *, allowed: Callable[[str], bool],
+              check_pid: Callable[[tuple[Any, ...]], None],
+              check_call: Callable[[str, tuple[Any, ...]], str | None] | None = None) -> FastResult:
+    """Build the value graph of a clean torch pickle at C speed, or raise Decline.
+
+    `check_pid` validates a persistent id like torch's persistent_load + the container
+    (record present, exact size) and raises Decline otherwise; `check_call` may veto a
+    rebuild call's arguments (torch's own checks) by raising Decline.
+    """
+    toks = tokenize(data, allowed)
+    calls: list[Call] = []
+    persids: list[PersId] = []
+    stubs: dict[tuple[str, str], type] = {}
+
+    class _Unpickler(pickle.Unpickler):
+        def find_class(self, module: str, name: str) -> Any:  # noqa: D102 - pickle hook
+            mapped = torch_map(module, name) if module != "__ckptguard__" else (module, name)
+            stub = stubs.get(mapped)
+            if stub is None:
+                stub = stubs[mapped] = _make_stub(Global(*mapped), calls, check_call)
+            return stub
+
+        def persistent_load(self, pid: Any) -> Any:  # noqa: D102 - pickle hook
+            if type(pid) is not tuple or len(pid) < 2:
+                raise Decline("persistent id is not a storage tuple")
+            if type(pid[1]) is _StubMeta:
+                pid = (pid[0], pid[1].node, *pid[2:])
+            check_pid(pid)
+            node = PersId(pid)
+            persids.append(node)
+            return node
+
+    source = toks.rewritten if toks.rewritten is not None else data[:toks.end]
+    gc_was_enabled = gc.isenabled()
+    gc.disable()  # millions of new containers: generational GC passes cost more than the load
+    try:
+        root = _Unpickler(io.BytesIO(source), fix_imports=False, encoding="utf-8").load()
+    except Decline:
+        raise
+    except Exception as exc:  # noqa: BLE001 - any C-unpickler complaint means "not clean"
+        raise Decline(f"{type(exc).__name__}: {exc}") from exc
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+    return FastResult(root, toks, calls, persids)
+
+
+_FLOATING = frozenset(("float64", "float32", "float16", "bfloat16", "complex128", "complex64",
+                       "complex32", "float8_e5m2", "float8_e4m3fn", "float8_e5m2fnuz",
+                       "float8_e4m3fnuz", "float8_e8m0fnu"))
+
+
+def check_rebuild(full: str, args: tuple[Any, ...],
+                  storage_info: Callable[[PersId], tuple[str, int] | None]) -> str | None:
+    """Decline unless torch's rebuild function would accept `args` without complaint.
+
+    `storage_info(persid) -> (dtype, nbytes)` describes a storage. The rules are torch's
+    (`_rebuild_tensor` -> `Tensor.set_`, FORMATS.md §2.4, §2.6), kept deliberately narrow:
+    anything outside them is left to the exact interpreter.
+    """
+    if full == "torch._utils._rebuild_parameter":
+        if (len(args) != 3 or type(args[0]) is not Call or type(args[1]) is not bool
+                or not _is_empty_hooks(args[2])):
+            raise Decline("unusual _rebuild_parameter arguments")
+        inner: str | None = args[0].attrs.get("dtype")
+        if args[1] and inner not in _FLOATING:
+            raise Decline("requires_grad on a non-floating tensor")
+        return inner
+    if full == "torch._utils._rebuild_tensor_v2":
+        if len(args) not in (6, 7):
+            raise Decline("_rebuild_tensor_v2 arity")
+        dtype = None
+    else:  # _rebuild_tensor_v3
+        if len(args) not in (7, 8) or type(args[6]) is not Global or args[6].module != "torch":
+            raise Decline("_rebuild_tensor_v3 arguments")
+        dtype = args[6].name
+    storage, offset, size, stride, requires_grad, hooks = args[:6]
+    metadata = args[7 if dtype else 6] if len(args) > (7 if dtype else 6) else None
+    info = storage_info(storage) if type(storage) is PersId else None
+    if info is None:
+        raise Decline("tensor storage is not a storage")
+    storage_dtype, nbytes = info
+    if dtype is None:
+        dtype = storage_dtype
+    itemsize = ITEMSIZE.get(dtype)
+    if (itemsize is None or type(offset) is not int or offset < 0
+            or type(size) is not tuple or type(stride) is not tuple or len(size) != len(stride)
+            or type(requires_grad) is not bool or not _is_empty_hooks(hooks) or metadata):
+        raise Decline("unusual tensor arguments")
+    if requires_grad and dtype not in _FLOATING:
+        raise Decline("requires_grad on a non-floating tensor")
+    extent = 1
+    for n, st in zip(size, stride, strict=True):
+        if type(n) is not int or type(st) is not int or n < 0 or st < 0:
+            raise Decline("negative or non-integer size/stride")
+        if n == 0:
+            extent = 0
+            break
+        extent += (n - 1) * st
+    if extent and (offset + extent) * itemsize > nbytes:
+        raise Decline("tensor view past the end of its storage")
+    return dtype
+
+
+def _is_empty_hooks(hooks: Any) -> bool:
+    return type(hooks) is _ODict and not hooks and not hooks.__dict__
