@@ -1,0 +1,184 @@
+"""Read tensors from a checkpoint (local path or URL) into NumPy, one ranged read each.
+
+Strategy: the manifest comes from `core.scan.scan_source` (never Python's pickle); a
+tensor's `data_offset`/`nbytes` name exactly the bytes its view spans, so reading it is
+one `read_at` (a set of tensors is one `read_many`, which HttpSource coalesces). The
+bytes become an array by `as_strided` over the read buffer (element strides x item
+size, storage offset already in `data_offset`), after checking that the view stays
+inside the buffer, then copied out. Big-endian files are swapped as torch does
+(FORMATS.md §2.5): by the storage's element size (half of it for complex), and not at
+all for UntypedStorage pids (v3 dtypes), so the result is byte-equal to torch.load.
+
+Example:
+    >>> with open_checkpoint("model.pt") as ckpt:            # doctest: +SKIP
+    ...     w = ckpt.read_tensor("layer.0.weight")
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+import ml_dtypes
+import numpy as np
+
+from core.analysis import ScanOptions
+from core.dtypes import ITEMSIZE, NUMPY_DTYPE
+from core.errors import Code
+from core.report import Report, SourceInfo, StorageEntry, TensorEntry
+from core.source import ByteSource, FileSource
+from core.urlguard import UrlGuard
+
+_ML_DTYPES = frozenset({"bfloat16", "float8_e5m2", "float8_e4m3fn", "float8_e5m2fnuz",
+                        "float8_e4m3fnuz", "float8_e8m0fnu"})
+
+
+class TensorUnreadable(ValueError):
+    """The tensor exists in the manifest but its bytes cannot become a NumPy array."""
+
+
+def numpy_dtype(name: str) -> np.dtype[np.generic]:
+    """NumPy dtype of a torch dtype name (bfloat16/float8 via ml_dtypes)."""
+    spec = NUMPY_DTYPE.get(name)
+    if spec is None:
+        raise TensorUnreadable(f"dtype {name} has no NumPy equivalent")
+    if name in _ML_DTYPES:
+        kind = getattr(ml_dtypes, spec, None)
+        if kind is None:
+            raise TensorUnreadable(f"dtype {name} needs a newer ml_dtypes")
+        found: np.dtype[np.generic] = np.dtype(kind)
+        return found
+    return np.dtype(spec)
+
+
+def is_url(target: str) -> bool:
+    return target.startswith(("http://", "https://"))
+
+
+@dataclass
+class RemoteCheckpoint:
+    """A scanned checkpoint whose tensors can be read on demand (local or remote)."""
+
+    source: ByteSource
+    report: Report
+    _by_name: dict[str, TensorEntry] = field(init=False, repr=False)
+    _storages: dict[str, StorageEntry] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._by_name = {t.name: t for t in self.report.tensors}
+        self._storages = {s.key: s for s in self.report.storages}
+
+    @property
+    def names(self) -> list[str]:
+        return list(self._by_name)
+
+    @property
+    def big_endian(self) -> bool:
+        return any(f.code == Code.TORCH_BIG_ENDIAN for f in self.report.findings)
+
+    def entry(self, name: str) -> TensorEntry:
+        try:
+            return self._by_name[name]
+        except KeyError:
+            raise KeyError(f"no tensor named {name!r} in {self.source.name}") from None
+
+    def read_tensor(self, name: str) -> np.ndarray:
+        """The tensor `name` as a new C-contiguous array: exactly one ranged read."""
+        entry = self.entry(name)
+        span = self._span(entry)
+        data = self.source.read_at(*span) if span[1] else b""
+        return self._to_array(entry, data)
+
+    def read_tensors(self, names: Iterable[str]) -> dict[str, np.ndarray]:
+        """Several tensors; their spans go to the source at once (coalesced over HTTP)."""
+        entries = [self.entry(n) for n in dict.fromkeys(names)]
+        spans = [self._span(e) for e in entries]
+        wanted = [s for s in spans if s[1]]
+        blobs = iter(self.source.read_many(wanted)) if wanted else iter(())
+        return {e.name: self._to_array(e, next(blobs) if s[1] else b"")
+                for e, s in zip(entries, spans, strict=True)}
+
+    def close(self) -> None:
+        close = getattr(self.source, "close", None)
+        if callable(close):
+            close()
+
+    def __enter__(self) -> RemoteCheckpoint:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- bytes -> array -------------------------------------------------------------
+
+    def _span(self, entry: TensorEntry) -> tuple[int, int]:
+        numel = 1
+        for n in entry.shape:
+            numel *= n
+        if numel and entry.data_offset is None:
+            raise TensorUnreadable(f"{entry.name}: no data in the file ({entry.kind})")
+        return (entry.data_offset or 0, entry.nbytes if numel else 0)
+
+    def _to_array(self, entry: TensorEntry, data: bytes) -> np.ndarray:
+        dtype = numpy_dtype(entry.dtype)
+        itemsize = dtype.itemsize
+        if ITEMSIZE.get(entry.dtype, itemsize) != itemsize:
+            raise TensorUnreadable(f"{entry.name}: item size of {entry.dtype} disagrees")
+        shape, stride = tuple(entry.shape), tuple(entry.stride)
+        if len(shape) != len(stride) or any(n < 0 for n in shape) or any(s < 0 for s in stride):
+            raise TensorUnreadable(f"{entry.name}: shape {list(shape)} / stride {list(stride)}")
+        if 0 in shape:
+            return np.empty(shape, dtype=dtype)
+        last = sum((n - 1) * s for n, s in zip(shape, stride, strict=True))
+        # as_strided trusts its arguments: make sure the view stays inside the buffer
+        if (last + 1) * itemsize > len(data) or len(data) % itemsize:
+            raise TensorUnreadable(f"{entry.name}: view needs {(last + 1) * itemsize} bytes, "
+                                   f"read {len(data)}")
+        raw = self._swapped(entry, data) if self.big_endian else data
+        flat = np.frombuffer(raw, dtype=dtype, count=last + 1)
+        view = np.lib.stride_tricks.as_strided(
+            flat, shape=shape, strides=tuple(s * itemsize for s in stride), writeable=False)
+        return np.array(view, copy=True, order="C")
+
+    def _swapped(self, entry: TensorEntry, data: bytes) -> bytes:
+        """torch's byteswap: by the storage pid's element size (FORMATS.md §2.5)."""
+        if sys.byteorder == "big":  # pragma: no cover - no big-endian CI host
+            return data
+        storage = self._storages.get(entry.storage or "")
+        if storage is None:
+            return data
+        unit = ITEMSIZE.get(storage.dtype, 1)
+        if storage.dtype.startswith("complex"):
+            unit = max(unit // 2, 1)
+        if unit == 1 or len(data) % unit:
+            return data
+        return np.frombuffer(data, dtype=f"u{unit}").byteswap().tobytes()
+
+
+def open_checkpoint(target: str, *, headers: Mapping[str, str] | None = None,
+                    guard: UrlGuard | None = None, options: ScanOptions | None = None,
+                    source: ByteSource | None = None) -> RemoteCheckpoint:
+    """Scan a local path or http(s) URL and return it ready for tensor reads."""
+    from core.scan import scan_source  # the scan pipeline pulls in every format parser
+
+    opts = options or ScanOptions()
+    info: SourceInfo
+    if source is None and is_url(target):
+        from core.http_source import HttpSource
+
+        source = HttpSource(target, headers=headers, guard=guard, limits=opts.limits)
+        info = SourceInfo(kind="url", name=source.name, url=target, size=source.size)
+    elif source is None:
+        source = FileSource(target)
+        info = SourceInfo(kind="file", name=source.name, size=source.size)
+    else:
+        info = SourceInfo(kind="bytes", name=source.name, size=source.size)
+    try:
+        report = scan_source(source, options=opts, info=info)
+    except BaseException:
+        close = getattr(source, "close", None)
+        if callable(close):
+            close()
+        raise
+    return RemoteCheckpoint(source, report)
