@@ -165,6 +165,10 @@ class Code(StrEnum):
     NPY_BAD_HEADER = "NPY_BAD_HEADER", _H, _X, "the .npy header is invalid"
     NPY_OBJECT_ARRAY = ("NPY_OBJECT_ARRAY", _M, _S,
                         "an object array: its data is a pickle (allow_pickle needed)")
+    NPY_BAD_SHAPE = "NPY_BAD_SHAPE", _H, _X, "a .npy shape has a negative dimension"
+    NPY_TRUNCATED = "NPY_TRUNCATED", _H, _X, "a .npy file ends before its array data does"
+    NPY_TRAILING_DATA = ("NPY_TRAILING_DATA", _M, _S,
+                         "bytes after a .npy array's data (np.load ignores them)")
     PT2_BAD_ARCHIVE = "PT2_BAD_ARCHIVE", _H, _X, "the torch.export archive is malformed"
     PT2_VERIFIER = "PT2_VERIFIER", _H, _S, "the exported program fails torch's verifier rules"
     PT2_UNSAFE_PAYLOAD = ("PT2_UNSAFE_PAYLOAD", _H, _S,

@@ -221,14 +221,14 @@ def fast_load(data: bytes, *, allowed: Callable[[str], bool],
     stubs: dict[tuple[str, str], type] = {}
 
     class _Unpickler(pickle.Unpickler):
-        def find_class(self, module: str, name: str) -> Any:  # noqa: D102 - pickle hook
+        def find_class(self, module: str, name: str) -> Any:
             mapped = torch_map(module, name) if module != "__ckptguard__" else (module, name)
             stub = stubs.get(mapped)
             if stub is None:
                 stub = stubs[mapped] = _make_stub(Global(*mapped), calls, check_call)
             return stub
 
-        def persistent_load(self, pid: Any) -> Any:  # noqa: D102 - pickle hook
+        def persistent_load(self, pid: Any) -> Any:
             if type(pid) is not tuple or len(pid) < 2:
                 raise Decline("persistent id is not a storage tuple")
             if type(pid[1]) is _StubMeta:
@@ -245,7 +245,7 @@ def fast_load(data: bytes, *, allowed: Callable[[str], bool],
         root = _Unpickler(io.BytesIO(source), fix_imports=False, encoding="utf-8").load()
     except Decline:
         raise
-    except Exception as exc:  # noqa: BLE001 - any C-unpickler complaint means "not clean"
+    except Exception as exc:
         raise Decline(f"{type(exc).__name__}: {exc}") from exc
     finally:
         if gc_was_enabled:

@@ -28,6 +28,7 @@ real torch in tests/core/zip/test_zip_torch.py:
 
 from __future__ import annotations
 
+import gc
 import struct
 import zlib
 from collections.abc import Sequence
@@ -76,6 +77,33 @@ class ZipEntry:
     method: int
     flags: int
     central_offset: int       # where this central record sits
+
+
+class _ZipEntryFast:
+    """Builds a ZipEntry without the frozen dataclass's per-field object.__setattr__.
+
+    Same slots, so the finished object can become a real (frozen) ZipEntry by __class__
+    assignment: 100k entries parse in ~100 ms instead of ~160 ms (2-core box, best of 9).
+    Adding a field to ZipEntry without adding it here raises TypeError (layout differs).
+    """
+
+    __slots__ = ("index", "name", "name_bytes", "header_offset", "compressed_size",
+                 "uncompressed_size", "crc32", "method", "flags", "central_offset")
+
+    def __init__(self, index: int, name: str, name_bytes: bytes, header_offset: int,
+                 compressed_size: int, uncompressed_size: int, crc32: int, method: int,
+                 flags: int, central_offset: int) -> None:
+        self.index = index
+        self.name = name
+        self.name_bytes = name_bytes
+        self.header_offset = header_offset
+        self.compressed_size = compressed_size
+        self.uncompressed_size = uncompressed_size
+        self.crc32 = crc32
+        self.method = method
+        self.flags = flags
+        self.central_offset = central_offset
+        self.__class__ = ZipEntry  # type: ignore[assignment]
 
 
 @dataclass(frozen=True, slots=True)
@@ -226,8 +254,16 @@ def read_directory(source: ByteSource, limits: Limits = DEFAULT_LIMITS) -> ZipDi
         raise _fmt_err(Code.ZIP_BAD_EOCD, f"central directory [{cd_offset}, {cd_offset + cd_size}) "
                        f"overruns the end records at {end_of_cd}", eocd_offset)
     cd = source.read_at(cd_offset, cd_size) if cd_size else b""
-    entries = parse_central_directory(cd, cd_offset, n_total, size)
-    by_name, folded = torch_names(entries)
+    # 100k GC-tracked entries trigger many useless collections (nothing here forms cycles):
+    # pausing the collector halves the parse time (measured 334 -> 164 ms for 100k entries).
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        entries = parse_central_directory(cd, cd_offset, n_total, size)
+        by_name, folded = torch_names(entries)
+    finally:
+        if gc_was_enabled:
+            gc.enable()
     return ZipDirectory(size=size, entries=entries, by_name=by_name, folded=folded,
                         cd_offset=cd_offset, cd_size=cd_size, eocd_offset=eocd_offset,
                         archive_end=archive_end, zip64=zip64, comment=comment,
@@ -275,7 +311,7 @@ def parse_central_directory(cd: bytes, cd_offset: int, count: int, file_size: in
     unpack = _CENTRAL.unpack_from
     entries: list[ZipEntry] = []
     append = entries.append
-    new = ZipEntry
+    new = _ZipEntryFast
     pos, end = 0, len(cd)
     for index in range(count):
         if pos + CENTRAL_SIZE > end:
@@ -309,7 +345,8 @@ def parse_central_directory(cd: bytes, cd_offset: int, count: int, file_size: in
                            f"central record {index}: record at {hoff} ({csize} bytes) past the end",
                            cd_offset + pos)
         name = raw.decode("ascii") if raw.isascii() else decode_name(raw, flags)
-        append(new(index, name, raw, hoff, csize, usize, crc, method, flags, cd_offset + pos))
+        append(new(index, name, raw, hoff, csize, usize, crc, method, flags,  # type: ignore[arg-type]
+                   cd_offset + pos))
         pos = rec_end
     return entries
 
@@ -345,12 +382,9 @@ def torch_lookup_order(keys: Sequence[bytes]) -> list[int]:
     return idx
 
 
-_LOWER = bytes.maketrans(b"ABCDEFGHIJKLMNOPQRSTUVWXYZ", b"abcdefghijklmnopqrstuvwxyz")
-
-
 def fold_name(raw: bytes) -> bytes:
     """A name as miniz compares it: ASCII letters lower-cased (MZ_TOLOWER), other bytes kept."""
-    return raw.translate(_LOWER)
+    return raw.lower()   # bytes.lower() touches ASCII letters only, like MZ_TOLOWER
 
 
 def torch_lookup(keys: Sequence[bytes], order: Sequence[int], name: bytes) -> int | None:
@@ -371,7 +405,7 @@ def torch_lookup(keys: Sequence[bytes], order: Sequence[int], name: bytes) -> in
 
 def torch_names(entries: Sequence[ZipEntry]) -> tuple[dict[str, ZipEntry], dict[bytes, ZipEntry]]:
     """(name -> entry torch reads, lower-cased name -> same). Fast path: no case-folded clash."""
-    keys = [fold_name(e.name_bytes) for e in entries]
+    keys = [e.name_bytes.lower() for e in entries]   # fold_name, inlined
     folded = dict(zip(keys, entries, strict=True))
     if len(folded) == len(entries):
         return {e.name: e for e in entries}, folded

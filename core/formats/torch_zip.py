@@ -132,7 +132,8 @@ def check_generic_zip(source: ByteSource, directory: ZipDirectory, an: Analysis)
     locals_ = read_local_headers(source, directory.entries if cheap else [])
     check_archive(directory, locals_, an)
     for ent in directory.entries[:64]:
-        if ent.name.endswith((".pkl", ".pickle")) and ent.uncompressed_size <= an.options.limits.max_pickle_bytes:
+        small = ent.uncompressed_size <= an.options.limits.max_pickle_bytes
+        if ent.name.endswith((".pkl", ".pickle")) and small:
             scan_pickle(read_record(source, directory, ent.name), an, record=ent.name, base_offset=0)
 
 
