@@ -136,10 +136,13 @@ class RemoteCheckpoint:
             raise TensorUnreadable(f"{entry.name}: view needs {(last + 1) * itemsize} bytes, "
                                    f"read {len(data)}")
         raw = self._swapped(entry, data) if self.big_endian else data
-        flat = np.frombuffer(raw, dtype=dtype, count=last + 1)
+        # as_strided goes through __array_interface__, which ml_dtypes types cannot cross:
+        # stride opaque items of the same size, copy out, then reinterpret
+        flat = np.frombuffer(raw, dtype=np.dtype((np.void, itemsize)), count=last + 1)
         view = np.lib.stride_tricks.as_strided(
             flat, shape=shape, strides=tuple(s * itemsize for s in stride), writeable=False)
-        return np.array(view, copy=True, order="C")
+        out: np.ndarray = np.array(view, copy=True, order="C").view(dtype)
+        return out
 
     def _swapped(self, entry: TensorEntry, data: bytes) -> bytes:
         """torch's byteswap: by the storage pid's element size (FORMATS.md §2.5)."""

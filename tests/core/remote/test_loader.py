@@ -1,0 +1,152 @@
+"""Tensors read over HTTP Range are byte-equal to torch.load's, one ranged read each.
+
+The manifest here is built from torch + zipfile (an oracle independent of core.scan),
+so these tests pin the loader's bytes -> array step; tests/e2e/test_remote_scan.py runs
+the same comparison through the real scanner.
+"""
+
+from __future__ import annotations
+
+import io
+import zipfile
+
+import numpy as np
+import pytest
+
+from core.dtypes import ITEMSIZE
+from core.http_source import HttpSource
+from core.loader import RemoteCheckpoint, TensorUnreadable, numpy_dtype
+from core.report import Report, SourceInfo, StorageEntry, TensorEntry
+from core.source import BytesSource
+from tests.core.remote.conftest import mixed_state
+
+torch = pytest.importorskip("torch")
+
+
+def torch_bytes(t: object) -> bytes:
+    c = t.detach().contiguous().reshape(-1)  # type: ignore[attr-defined]
+    return bytes(c.view(torch.uint8).numpy().tobytes()) if c.numel() else b""
+
+
+def oracle_manifest(data: bytes, state: dict[str, object]) -> Report:
+    """TensorEntries from torch's own tensors and the zip's local headers."""
+    zf = zipfile.ZipFile(io.BytesIO(data))
+    starts: dict[str, int] = {}
+    for info in zf.infolist():
+        h = info.header_offset
+        n, m = int.from_bytes(data[h + 26:h + 28], "little"), int.from_bytes(data[h + 28:h + 30], "little")
+        starts[info.filename.split("/", 1)[1]] = h + 30 + n + m
+    keys: dict[int, str] = {}
+    tensors, storages = [], []
+    for name, t in state.items():
+        t = t.detach()  # type: ignore[attr-defined]
+        ptr = t.untyped_storage().data_ptr()
+        if ptr not in keys:
+            keys[ptr] = str(len(keys))
+            dt = str(t.dtype).removeprefix("torch.")
+            nb = t.untyped_storage().nbytes()
+            storages.append(StorageEntry(keys[ptr], dt, nb // t.element_size(), nb, "cpu",
+                                         f"archive/data/{keys[ptr]}", starts[f"data/{keys[ptr]}"], True))
+        key = keys[ptr]
+        dtype = str(t.dtype).removeprefix("torch.")
+        numel = t.numel()
+        span = 1 + sum((s - 1) * st for s, st in zip(t.shape, t.stride(), strict=True))
+        nbytes = span * ITEMSIZE[dtype] if numel else 0
+        tensors.append(TensorEntry(name, [name], dtype, list(t.shape), list(t.stride()),
+                                   t.storage_offset(), key, "tensor", False,
+                                   starts[f"data/{key}"] + t.storage_offset() * ITEMSIZE[dtype], nbytes))
+    return Report(source=SourceInfo(kind="bytes"), tensors=tensors, storages=storages)
+
+
+@pytest.fixture
+def cold_source(server, guard):
+    """A source whose cache holds only 512 head/tail bytes: every tensor read hits the wire."""
+    src = HttpSource(server.url("/small.pt"), guard=guard, head_bytes=512, tail_bytes=512,
+                     speculate=False)
+    yield src
+    src.close()
+
+
+def test_every_tensor_is_byte_equal_to_torch_load(cold_source, server, small_ckpt) -> None:
+    state = mixed_state()
+    loaded = torch.load(io.BytesIO(small_ckpt), weights_only=True)
+    ckpt = RemoteCheckpoint(cold_source, oracle_manifest(small_ckpt, state))
+    for name, ref in loaded.items():
+        before = server.requests
+        entry = ckpt.entry(name)
+        arr = ckpt.read_tensor(name)
+        assert arr.shape == tuple(ref.shape), name
+        assert arr.dtype == numpy_dtype(entry.dtype), name
+        assert arr.tobytes() == torch_bytes(ref), name
+        if entry.nbytes and server.requests > before:
+            # one ranged read of exactly the tensor's span
+            assert server.requests - before == 1
+            assert server.log[-1].range == f"bytes={entry.data_offset}-{entry.data_offset + entry.nbytes - 1}"
+
+
+def test_values_not_just_bytes(cold_source, small_ckpt) -> None:
+    state = mixed_state()
+    ckpt = RemoteCheckpoint(cold_source, oracle_manifest(small_ckpt, state))
+    np.testing.assert_array_equal(ckpt.read_tensor("transposed"), state["base"].t().numpy())  # type: ignore[attr-defined]
+    np.testing.assert_array_equal(ckpt.read_tensor("strided"), state["base"][1::2, ::2].numpy())  # type: ignore[index]
+    bf = ckpt.read_tensor("bf16")
+    np.testing.assert_array_equal(bf.astype(np.float32), state["bf16"].float().numpy())  # type: ignore[attr-defined]
+    assert ckpt.read_tensor("scalar").shape == () and float(ckpt.read_tensor("scalar")) == 3.5
+    assert ckpt.read_tensor("empty").shape == (0, 4)
+
+
+def test_read_tensors_is_one_wave(cold_source, server, small_ckpt) -> None:
+    state = mixed_state()
+    ckpt = RemoteCheckpoint(cold_source, oracle_manifest(small_ckpt, state))
+    rt0, n0 = cold_source.round_trips, server.requests
+    got = ckpt.read_tensors(state)
+    assert cold_source.round_trips - rt0 == 1
+    assert server.requests - n0 <= 2   # tensors sit within 64 KiB of each other: coalesced
+    loaded = torch.load(io.BytesIO(small_ckpt), weights_only=True)
+    assert {k: v.tobytes() for k, v in got.items()} == {k: torch_bytes(v) for k, v in loaded.items()}
+
+
+def test_local_bytes_source_gives_the_same_arrays(small_ckpt) -> None:
+    state = mixed_state()
+    ckpt = RemoteCheckpoint(BytesSource(small_ckpt), oracle_manifest(small_ckpt, state))
+    assert ckpt.read_tensor("f8e4").tobytes() == torch_bytes(state["f8e4"])
+
+
+def test_unknown_name_and_lying_manifest(small_ckpt) -> None:
+    state = mixed_state()
+    report = oracle_manifest(small_ckpt, state)
+    ckpt = RemoteCheckpoint(BytesSource(small_ckpt), report)
+    with pytest.raises(KeyError):
+        ckpt.read_tensor("nope")
+    # a view whose strides reach past the bytes the manifest says it spans
+    bad = report.tensors[0]
+    bad.stride = [100, 1]
+    with pytest.raises(TensorUnreadable):
+        RemoteCheckpoint(BytesSource(small_ckpt), report).read_tensor(bad.name)
+    bad.stride, bad.shape = [-1, 1], [3, 4]
+    with pytest.raises(TensorUnreadable):
+        RemoteCheckpoint(BytesSource(small_ckpt), report).read_tensor(bad.name)
+
+
+def test_big_endian_storages_are_swapped_like_torch() -> None:
+    # FORMATS.md §2.5: typed storages are swapped by element size, complex by half of it
+    data = np.arange(4, dtype=">f4").tobytes() + np.array([1 + 2j], dtype=">c8").tobytes()
+    from core.errors import Code
+    from core.report import Finding
+    report = Report(source=SourceInfo(kind="bytes"), findings=[Finding(Code.TORCH_BIG_ENDIAN, "big")],
+                    storages=[StorageEntry("0", "float32", 4, 16, "cpu", None, 0, True),
+                              StorageEntry("1", "complex64", 1, 8, "cpu", None, 16, True),
+                              StorageEntry("2", "uint8", 8, 8, "cpu", None, 0, True)],
+                    tensors=[TensorEntry("a", ["a"], "float32", [4], [1], 0, "0", "tensor", False, 0, 16),
+                             TensorEntry("c", ["c"], "complex64", [1], [1], 0, "1", "tensor", False, 16, 8),
+                             TensorEntry("u", ["u"], "uint16", [4], [1], 0, "2", "tensor", False, 0, 8)])
+    ckpt = RemoteCheckpoint(BytesSource(data), report)
+    np.testing.assert_array_equal(ckpt.read_tensor("a"), np.arange(4, dtype=np.float32))
+    assert ckpt.read_tensor("c")[0] == 1 + 2j
+    # UntypedStorage pids (v3 dtypes) are never swapped: torch reads them as stored
+    assert ckpt.read_tensor("u").tobytes() == data[:8]
+
+
+def test_unmappable_dtype() -> None:
+    with pytest.raises(TensorUnreadable):
+        numpy_dtype("quint4x2")
