@@ -87,8 +87,7 @@ class _ZipEntryFast:
     Adding a field to ZipEntry without adding it here raises TypeError (layout differs).
     """
 
-    __slots__ = ("index", "name", "name_bytes", "header_offset", "compressed_size",
-                 "uncompressed_size", "crc32", "method", "flags", "central_offset")
+    __slots__ = ZipEntry.__slots__   # same names in the same order: __class__ swap allowed
 
     def __init__(self, index: int, name: str, name_bytes: bytes, header_offset: int,
                  compressed_size: int, uncompressed_size: int, crc32: int, method: int,
