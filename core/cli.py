@@ -2,6 +2,7 @@
 
     ckptguard scan PATH|URL [--json] [--allow module.name ...]
     ckptguard serve [--host H] [--port P]
+    ckptguard get PATH|URL TENSOR_NAME -o out.npy
 
 Exit status of `scan`: 0 safe, 1 suspicious, 2 unsafe, 3 invalid, 4 could not read.
 """
@@ -86,6 +87,28 @@ def format_summary(r: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _cmd_get(args: argparse.Namespace) -> int:
+    """Read one tensor (one ranged read) into a .npy file; never unpickles."""
+    import numpy as np
+
+    from core.loader import TensorUnreadable, open_checkpoint
+
+    headers = dict(h.split(":", 1) for h in args.header or ())
+    try:
+        with open_checkpoint(args.target, headers={k.strip(): v.strip() for k, v in headers.items()}
+                             ) as ckpt:
+            array = ckpt.read_tensor(args.tensor)
+    except SourceError as exc:
+        print(f"ckptguard: cannot read {args.target}: {exc}", file=sys.stderr)
+        return EXIT_UNREADABLE
+    except (KeyError, TensorUnreadable) as exc:
+        print(f"ckptguard: {exc.args[0] if exc.args else exc}", file=sys.stderr)
+        return 1
+    np.save(args.output, array, allow_pickle=False)
+    print(f"{args.tensor}: {array.dtype} {list(array.shape)} -> {args.output}")
+    return 0
+
+
 def _cmd_serve(args: argparse.Namespace) -> int:
     from app.main import serve
 
@@ -106,6 +129,14 @@ def build_parser() -> argparse.ArgumentParser:
     scan.add_argument("--header", action="append", metavar="NAME:VALUE",
                       help="extra HTTP header for URL targets (e.g. Authorization)")
     scan.set_defaults(func=_cmd_scan)
+
+    get = sub.add_parser("get", help="read one tensor into a .npy file (local path or URL)")
+    get.add_argument("target", help="local path or http(s) URL")
+    get.add_argument("tensor", help="tensor name as in the report (e.g. layer.0.weight)")
+    get.add_argument("-o", "--output", required=True, help="output .npy path")
+    get.add_argument("--header", action="append", metavar="NAME:VALUE",
+                     help="extra HTTP header for URL targets (e.g. Authorization)")
+    get.set_defaults(func=_cmd_get)
 
     serve = sub.add_parser("serve", help="start the HTTP service")
     serve.add_argument("--host", default=None)
