@@ -109,6 +109,20 @@ def _cmd_get(args: argparse.Namespace) -> int:
     return 0
 
 
+def codes_markdown() -> str:
+    """The README's table of finding codes, generated from `core.errors.Code`."""
+    from core.errors import Code
+
+    rows = ["| code | severity | verdict effect | meaning |", "|---|---|---|---|"]
+    rows += [f"| `{c.value}` | {c.severity} | {c.effect} | {c.doc} |" for c in Code]
+    return "\n".join(rows) + "\n"
+
+
+def _cmd_codes(args: argparse.Namespace) -> int:
+    sys.stdout.write(codes_markdown())
+    return 0
+
+
 def _cmd_serve(args: argparse.Namespace) -> int:
     from app.main import serve
 
@@ -137,6 +151,9 @@ def build_parser() -> argparse.ArgumentParser:
     get.add_argument("--header", action="append", metavar="NAME:VALUE",
                      help="extra HTTP header for URL targets (e.g. Authorization)")
     get.set_defaults(func=_cmd_get)
+
+    codes = sub.add_parser("codes", help="print the table of finding codes (markdown)")
+    codes.set_defaults(func=_cmd_codes)
 
     serve = sub.add_parser("serve", help="start the HTTP service")
     serve.add_argument("--host", default=None)

@@ -21,3 +21,10 @@ def test_ci_runs_the_readme_test_command_verbatim() -> None:
     test_cmd = next(c for c in _readme_commands() if "pytest" in c)
     ci = (ROOT / ".ci" / "run").read_text().splitlines()
     assert test_cmd in ci
+
+
+def test_readme_codes_table_equals_the_code_enum() -> None:
+    from core.cli import codes_markdown
+
+    text = (ROOT / "README.md").read_text()
+    assert codes_markdown() in text, "regenerate with: ckptguard codes"

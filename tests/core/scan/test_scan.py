@@ -1,0 +1,81 @@
+"""core.scan: any bytes -> a Report; only unreadable input raises."""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+
+import pytest
+
+from core.errors import Code, SourceError
+from core.scan import scan_path, scan_source
+from core.source import BytesSource
+from tests.pickle_asm import asm
+
+
+def _codes(report) -> set[str]:  # type: ignore[no-untyped-def]
+    return {f.code for f in report.findings}
+
+
+def test_empty_input_is_invalid() -> None:
+    report = scan_source(BytesSource(b""))
+    assert report.verdict == "invalid" and Code.FORMAT_EMPTY in _codes(report)
+
+
+def test_unknown_bytes_are_suspicious_not_safe() -> None:
+    report = scan_source(BytesSource(b"\x7fELF\x02\x01\x01" + b"\0" * 64))
+    assert report.format == "unknown" and report.verdict == "suspicious"
+
+
+def test_missing_file_raises_source_error(tmp_path: Path) -> None:
+    with pytest.raises(SourceError):
+        scan_path(tmp_path / "nope.pt")
+
+
+def test_plain_pickle_of_plain_data_is_safe() -> None:
+    report = scan_source(BytesSource(pickle.dumps({"lr": 0.1, "steps": [1, 2]}, protocol=2)))
+    assert report.format == "pickle"
+    assert report.verdict == "safe", report.findings
+    assert report.weights_only.loadable
+
+
+def test_plain_pickle_with_os_system_is_unsafe(tmp_path: Path) -> None:
+    canary = tmp_path / "pwned"
+    data = asm(("PROTO", 2), ("GLOBAL", "os", "system"), ("BINUNICODE", f"touch {canary}"),
+               "TUPLE1", "REDUCE", "STOP")
+    report = scan_source(BytesSource(data))
+    assert report.verdict == "unsafe"
+    assert not report.weights_only.loadable
+    assert "blocked" in (report.weights_only.error or "")
+    assert any(g.full == "os.system" and g.status == "dangerous" for g in report.globals)
+    assert not canary.exists()
+
+
+def test_truncated_malicious_pickle_still_shows_its_global() -> None:
+    data = asm(("PROTO", 2), ("GLOBAL", "subprocess", "Popen"), ("BINUNICODE", "id"))
+    report = scan_source(BytesSource(data))
+    assert report.verdict == "unsafe"
+    assert Code.PICKLE_TRUNCATED in _codes(report)
+
+
+def test_second_pickle_after_stop_is_found() -> None:
+    hidden = asm(("PROTO", 2), ("GLOBAL", "os", "system"), ("BINUNICODE", "id"), "TUPLE1",
+                 "REDUCE", "STOP")
+    report = scan_source(BytesSource(pickle.dumps([1, 2], protocol=2) + hidden))
+    assert Code.PICKLE_SECOND_PICKLE in _codes(report)
+    assert report.verdict == "unsafe"
+
+
+def test_trailing_garbage_is_reported() -> None:
+    report = scan_source(BytesSource(pickle.dumps([1], protocol=2) + b"\xff\xfe garbage"))
+    assert Code.PICKLE_TRAILING_DATA in _codes(report)
+    assert report.verdict == "suspicious"
+
+
+def test_report_json_has_the_contract_fields() -> None:
+    out = scan_source(BytesSource(pickle.dumps([1], protocol=2))).to_json()
+    for key in ("schema_version", "scanner", "source", "format", "verdict", "weights_only",
+                "globals", "findings", "tensors", "storages", "io", "timings_ms"):
+        assert key in out
+    assert out["scanner"]["policy"] == "torch-2.13-weights-only"
+    assert set(out["weights_only"]) >= {"loadable", "error", "unsafe_globals"}
