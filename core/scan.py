@@ -124,8 +124,22 @@ def _dispatch(source: ByteSource, kind: Sniffed, an: Analysis) -> None:
     else:
         an.format = "unknown"
         an.add(Code.FORMAT_UNKNOWN, "the content matches no known checkpoint format")
-        if kind.zip_at_tail:
-            _analyze_zip(source, an, kind)
+    if kind.zip_at_tail and kind.container != "zip":
+        _analyze_polyglot_zip(source, an)
+
+
+def _analyze_polyglot_zip(source: ByteSource, an: Analysis) -> None:
+    """A zip end record behind another format: torch reads the front, zip tools the back."""
+    from core.formats import torch_zip
+    from core.zipdir import read_directory
+
+    try:
+        directory = read_directory(source, an.options.limits)
+    except CkptError:
+        return  # EOCD-like bytes that are not a real archive: nothing more to show
+    an.add(Code.ZIP_PREPENDED_DATA, f"a {len(directory.entries)}-entry zip archive is "
+           f"appended to this {an.format} file (polyglot)", offset=directory.cd_offset)
+    torch_zip.check_generic_zip(source, directory, an)
 
 
 def _analyze_zip(source: ByteSource, an: Analysis, kind: Sniffed) -> None:

@@ -20,7 +20,7 @@ def test_zip_by_local_header_magic() -> None:
 
 
 def test_zip_with_prepended_bytes_is_still_seen_by_its_tail() -> None:
-    fake_zip = b"junk" + b"PK\x05\x06" + b"\0" * 18
+    fake_zip = b"\x00junk" + b"PK\x05\x06" + b"\0" * 18
     got = sniff(fake_zip, fake_zip, len(fake_zip))
     assert got.container == "zip" and got.zip_at_tail
 
