@@ -173,6 +173,12 @@ class Code(StrEnum):
     PT2_VERIFIER = "PT2_VERIFIER", _H, _S, "the exported program fails torch's verifier rules"
     PT2_UNSAFE_PAYLOAD = ("PT2_UNSAFE_PAYLOAD", _H, _S,
                           "a part torch.export.load would unpickle without weights_only")
+    PT2_MISSING_RECORD = ("PT2_MISSING_RECORD", _H, _X,
+                          "a record torch.export.load reads (config, weight, sample inputs) is missing")
+    PT2_GUARDS_CODE = ("PT2_GUARDS_CODE", _H, _S,
+                       "guards_code: Python source that ExportedProgram.module() runs with exec")
+    PT2_UNSAFE_TARGET = ("PT2_UNSAFE_TARGET", _C, _U,
+                         "a graph node target resolving to a torch callable outside torch.ops")
     PT2_SYMPY_EXPR = ("PT2_SYMPY_EXPR", _H, _S,
                       "a symbolic expression torch.export.load would pass to sympy.sympify")
 

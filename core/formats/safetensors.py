@@ -78,8 +78,8 @@ def analyze(source: ByteSource, an: Analysis) -> None:
         an.add_error(exc)
         an.weights_only = WeightsOnly(loadable=False, error=exc.message, error_type="SafetensorError")
         return
-    for exc in problems[:MAX_FINDINGS]:
-        an.add_error(exc)
+    for problem in problems[:MAX_FINDINGS]:
+        an.add_error(problem)
     if len(problems) > MAX_FINDINGS:
         an.add(problems[0].code, f"{len(problems) - MAX_FINDINGS} more violations not listed")
     for name in header.duplicates:

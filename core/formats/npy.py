@@ -1,0 +1,323 @@
+"""NumPy `.npy` and `.npz`: headers parsed without eval, manifest, object-array pickles.
+
+Strategy: `read_npy_header` replays numpy 2.4's `read_magic` + `_read_array_header`
+(FORMATS.md §7) with `pyliteral.parse_literal` in place of `ast.literal_eval`, and the
+same checks in the same order (version, header cap of 10 000 characters, dict with
+exactly descr/fortran_order/shape, int shape, bool fortran_order, descr -> dtype via
+numpy's own `descr_to_dtype` logic on the parsed literal: `numpy.dtype` builds a
+description, it never evaluates or imports). Plain arrays become a manifest entry with
+absolute offsets; object arrays (`dtype.hasobject`) carry a pickle that np.load refuses
+without allow_pickle: it goes through core.pickle_scan, never Python's pickle.
+`.npz` members are scanned one by one: stored members in place (two small reads), deflated
+ones inflated under the byte cap (no absolute offsets then).
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from core.analysis import Analysis
+from core.errors import CkptError, Code, FormatError, LimitExceeded, SourceError
+from core.formats.pyliteral import LiteralError, parse_literal
+from core.report import TensorEntry, WeightsOnly
+from core.source import ByteSource, BytesSource, IoStats, check_span
+from core.zipcheck import check_archive
+from core.zipdir import LocalHeader, ZipDirectory, ZipEntry, read_local_headers, read_record
+
+MAGIC = b"\x93NUMPY"
+HEAD_READ = 4096                    # one read covers numpy's usual 128-byte headers
+EXPECTED_KEYS = frozenset({"descr", "fortran_order", "shape"})
+OBJECT_ERROR = "Object arrays cannot be loaded when allow_pickle=False"
+
+# numpy dtype.str of native little-endian kinds -> torch dtype names (DESIGN.md: torch names)
+_TORCH_NAMES = {
+    "<f8": "float64", "<f4": "float32", "<f2": "float16", "<i8": "int64", "<i4": "int32",
+    "<i2": "int16", "|i1": "int8", "|u1": "uint8", "<u2": "uint16", "<u4": "uint32",
+    "<u8": "uint64", "|b1": "bool", "<c8": "complex64", "<c16": "complex128",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class NpyHeader:
+    version: tuple[int, int]
+    shape: tuple[int, ...]
+    fortran_order: bool
+    dtype: np.dtype[Any]
+    data_pos: int                   # bytes from the start of the .npy to its data
+
+    @property
+    def count(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+
+class _Window:
+    """A byte range of another source seen as a whole source (an npz member in place)."""
+
+    def __init__(self, source: ByteSource, base: int, size: int, name: str) -> None:
+        self._source, self._base, self._size = source, base, size
+        self.name = name
+        self.stats: IoStats = source.stats
+
+    @property
+    def size(self) -> int:
+        return self._size
+
+    def read_at(self, offset: int, nbytes: int) -> bytes:
+        check_span(self._size, offset, nbytes)
+        return self._source.read_at(self._base + offset, nbytes)
+
+    def read_many(self, spans: Sequence[tuple[int, int]]) -> list[bytes]:
+        return [self.read_at(off, n) for off, n in spans]
+
+
+def analyze(source: ByteSource, an: Analysis) -> None:
+    """A whole `.npy` file."""
+    an.format = "numpy"
+    loadable = analyze_array(source, an, name="array", record=None, base=0)
+    _set_weights_only(an, loadable)
+
+
+def analyze_zip(source: ByteSource, directory: ZipDirectory, an: Analysis) -> None:
+    """A `.npz`: the zip forensics of the core, then every member as np.load reads it."""
+    an.format = "numpy-zip"
+    limits = an.options.limits
+    errors: list[CkptError] = []
+    locals_ = read_local_headers(source, directory.entries, errors=errors)
+    before = len(an.findings)
+    check_archive(directory, locals_, an)
+    # an npz has no torch record prefix: that torch-only rule does not apply here
+    an.findings[before:] = [f for f in an.findings[before:]
+                            if f.code is not Code.ZIP_NAME_OUTSIDE_PREFIX]
+    for exc in errors:
+        an.add_error(exc)
+    loadable = True
+    for name, entry in directory.by_name.items():
+        key = name[:-4] if name.endswith(".npy") else name   # np.load's key for the member
+        local = locals_.get(entry.index)
+        try:
+            member, base = _member_source(source, directory, entry, local, limits.max_bytes_read)
+            if member.size < len(MAGIC) or member.read_at(0, len(MAGIC)) != MAGIC:
+                # np.load hands such members back as raw bytes: not an array
+                an.add(Code.NPY_BAD_HEADER, f"npz member {name} is not a .npy array", record=name,
+                       offset=base)
+                loadable = False
+                continue
+            loadable &= analyze_array(member, an, name=key, record=name, base=base)
+        except SourceError:
+            raise
+        except CkptError as exc:
+            an.add(exc.code, exc.message, record=exc.record or name, offset=exc.offset)
+            loadable = False
+    _set_weights_only(an, loadable)
+
+
+def _member_source(source: ByteSource, directory: ZipDirectory, entry: ZipEntry,
+                   local: LocalHeader | None, max_nbytes: int) -> tuple[ByteSource, int | None]:
+    """A stored member in place (absolute offsets), else its inflated bytes (no offsets)."""
+    if (local is not None and entry.method == 0 and not entry.flags & 0x0041
+            and entry.compressed_size == entry.uncompressed_size
+            and local.data_offset + entry.compressed_size <= source.size):
+        return _Window(source, local.data_offset, entry.compressed_size, entry.name), \
+            local.data_offset
+    data = read_record(source, directory, entry.name, max_nbytes=max_nbytes)
+    return BytesSource(data, name=entry.name), None
+
+
+def _set_weights_only(an: Analysis, loadable: bool) -> None:
+    if an.has(Code.NPY_OBJECT_ARRAY):
+        unsafe = sorted(g.full for g in an.globals.values() if g.status != "allowed")
+        an.weights_only = WeightsOnly(loadable=False, error=OBJECT_ERROR, error_type="ValueError",
+                                      unsafe_globals=unsafe)
+    elif loadable:
+        an.weights_only = WeightsOnly(loadable=True)   # no pickle: np.load needs no allow_pickle
+    else:
+        first = next((f.message for f in an.findings if f.code.effect == "invalid"), None)
+        an.weights_only = WeightsOnly(loadable=False, error=first, error_type="ValueError")
+
+
+def analyze_array(source: ByteSource, an: Analysis, *, name: str, record: str | None,
+                  base: int | None) -> bool:
+    """One .npy (whole file or npz member); True if np.load would return it unpickled.
+
+    `base`: absolute offset of the .npy's first byte, None when it is not addressable
+    (a deflated member).
+    """
+    abs_ = (lambda pos: base + pos) if base is not None else (lambda pos: None)
+    try:
+        header = read_npy_header(source, an.options.limits.max_npy_header_bytes)
+    except FormatError as exc:
+        an.add(exc.code, exc.message, record=record, offset=abs_(exc.offset or 0))
+        return False
+    size = source.size
+    if header.dtype.hasobject:
+        an.add(Code.NPY_OBJECT_ARRAY, f"{name}: object array ({header.dtype.str}): its data is a "
+               "pickle; np.load refuses it without allow_pickle", record=record,
+               offset=abs_(header.data_pos))
+        _scan_object_pickle(source, an, header, record=record, base=base)
+        return False
+    if any(d < 0 for d in header.shape):
+        an.add(Code.NPY_BAD_SHAPE, f"{name}: negative dimension in shape {header.shape}",
+               record=record, offset=abs_(0))
+        return False
+    nbytes = header.count * header.dtype.itemsize
+    end = header.data_pos + nbytes
+    if end > size:
+        an.add(Code.NPY_TRUNCATED, f"{name}: {header.shape} x {header.dtype.str} needs {nbytes} "
+               f"bytes, the file has {size - header.data_pos}", record=record,
+               offset=abs_(header.data_pos))
+        return False
+    if end < size:
+        an.add(Code.NPY_TRAILING_DATA, f"{name}: {size - end} bytes after the array data "
+               "(np.load ignores them)", record=record, offset=abs_(end))
+    if len(an.tensors) >= an.options.limits.max_tensors:
+        raise LimitExceeded(Code.LIMIT_TENSORS, f"more than {an.options.limits.max_tensors} arrays")
+    an.tensors.append(TensorEntry(
+        name=name, path=[name], dtype=torch_dtype_name(header.dtype),
+        shape=list(header.shape), stride=_strides(header.shape, header.fortran_order),
+        storage_offset=0, storage=None, kind="array", requires_grad=False,
+        data_offset=abs_(header.data_pos), nbytes=nbytes, record=record))
+    return True
+
+
+def torch_dtype_name(dtype: np.dtype[Any]) -> str:
+    """torch's name for native little-endian kinds, numpy's `dtype.str` otherwise."""
+    if dtype.names is None and dtype.subdtype is None:
+        return _TORCH_NAMES.get(dtype.str, dtype.str)
+    return str(dtype.descr)
+
+
+def _strides(shape: tuple[int, ...], fortran: bool) -> list[int]:
+    dims = list(reversed(shape)) if fortran else list(shape)
+    strides = [1] * len(dims)
+    acc = 1
+    for i in range(len(dims) - 1, -1, -1):
+        strides[i] = acc
+        acc *= max(dims[i], 1)
+    return list(reversed(strides)) if fortran else strides
+
+
+def _scan_object_pickle(source: ByteSource, an: Analysis, header: NpyHeader, *,
+                        record: str | None, base: int | None) -> None:
+    from core.pickle_scan import scan_pickle
+
+    nbytes = source.size - header.data_pos
+    limits = an.options.limits
+    if nbytes > limits.max_pickle_bytes:
+        raise LimitExceeded(Code.LIMIT_PICKLE_SIZE, f"object-array pickle of {nbytes} bytes",
+                            record=record)
+    data = source.read_at(header.data_pos, nbytes)
+    scan_pickle(data, an, record=record,
+                base_offset=(base + header.data_pos) if base is not None else 0)
+
+
+def read_npy_header(source: ByteSource, max_header: int) -> NpyHeader:
+    """numpy's read_magic + _read_array_header over a source (one or two reads)."""
+    size = source.size
+    first = source.read_at(0, min(size, HEAD_READ))
+    if len(first) < 8:
+        raise FormatError(Code.NPY_BAD_HEADER, "EOF: reading magic string", offset=0)
+    if first[:6] != MAGIC:
+        raise FormatError(Code.NPY_BAD_HEADER, f"the magic string is not correct; got {first[:6]!r}",
+                          offset=0)
+    version = (first[6], first[7])
+    if version not in ((1, 0), (2, 0), (3, 0)):
+        raise FormatError(Code.NPY_BAD_HEADER, "we only support format version (1,0), (2,0), "
+                          f"and (3,0), not {version}", offset=6)
+    fmt = "<H" if version == (1, 0) else "<I"
+    len_end = 8 + struct.calcsize(fmt)
+    if size < len_end:
+        raise FormatError(Code.NPY_BAD_HEADER, "EOF: reading array header length", offset=8)
+    (hlen,) = struct.unpack_from(fmt, first, 8)
+    data_pos = len_end + hlen
+    if data_pos > size:
+        raise FormatError(Code.NPY_BAD_HEADER, f"EOF: reading array header, expected {hlen} bytes "
+                          f"got {size - len_end}", offset=len_end)
+    # numpy compares the cap with the decoded length; latin-1/UTF-8 never shrink below 1/4
+    if hlen > 4 * max_header:
+        raise LimitExceeded(Code.LIMIT_HEADER, f"Header info length ({hlen}) is large and may not "
+                            "be safe to load securely", offset=len_end)
+    raw = first[len_end:data_pos] if data_pos <= len(first) else \
+        first[len_end:] + source.read_at(len(first), data_pos - len(first))
+    shape, fortran, dtype = parse_npy_header(raw, version, max_header, offset=len_end)
+    return NpyHeader(version, shape, fortran, dtype, data_pos)
+
+
+def parse_npy_header(raw: bytes, version: tuple[int, int], max_header: int, *,
+                     offset: int = 0) -> tuple[tuple[int, ...], bool, np.dtype[Any]]:
+    """The header bytes -> (shape, fortran_order, dtype), exactly numpy's acceptance."""
+    def bad(msg: str) -> FormatError:
+        return FormatError(Code.NPY_BAD_HEADER, msg, offset=offset)
+
+    try:
+        text = raw.decode("latin1" if version < (3, 0) else "utf8")
+    except UnicodeDecodeError as exc:
+        raise bad(f"header is not UTF-8: {exc.reason}") from exc
+    if len(text) > max_header:
+        raise LimitExceeded(Code.LIMIT_HEADER, f"Header info length ({len(text)}) is large and "
+                            "may not be safe to load securely", offset=offset)
+    try:
+        d = parse_literal(text, max_len=max_header, allow_long_suffix=version <= (2, 0))
+    except LiteralError as exc:
+        raise bad(f"Cannot parse header: {exc}") from exc
+    if not isinstance(d, dict):
+        raise bad(f"Header is not a dictionary: {_short(d)}")
+    if d.keys() != EXPECTED_KEYS:
+        raise bad(f"Header does not contain the correct keys: {_short(sorted(map(repr, d)))}")
+    shape = d["shape"]
+    if not isinstance(shape, tuple) or not all(isinstance(x, int) for x in shape):
+        raise bad(f"shape is not valid: {_short(shape)}")
+    if not isinstance(d["fortran_order"], bool):
+        raise bad(f"fortran_order is not a valid bool: {_short(d['fortran_order'])}")
+    try:
+        dtype = descr_to_dtype(d["descr"], 0)
+    except RecursionError as exc:
+        raise bad("descr nests too deeply") from exc
+    except Exception as exc:  # numpy.dtype raises TypeError/ValueError/KeyError/... on bad descrs
+        raise bad(f"descr is not a valid dtype descriptor: {_short(d['descr'])} "
+                  f"({type(exc).__name__})") from exc
+    return tuple(int(x) for x in shape), d["fortran_order"], dtype
+
+
+def descr_to_dtype(descr: Any, depth: int) -> np.dtype[Any]:
+    """numpy.lib.format.descr_to_dtype on a parsed literal (padding fields dropped)."""
+    if depth > 32:
+        raise RecursionError("descr nesting")
+    if isinstance(descr, str):
+        return np.dtype(descr)
+    if isinstance(descr, tuple):
+        return np.dtype((descr_to_dtype(descr[0], depth + 1), descr[1]))
+    titles: list[Any] = []
+    names: list[Any] = []
+    formats: list[np.dtype[Any]] = []
+    offsets: list[int] = []
+    offset = 0
+    for field in descr:
+        if len(field) == 2:
+            name, sub = field
+            dt = descr_to_dtype(sub, depth + 1)
+        else:
+            name, sub, shape = field
+            dt = np.dtype((descr_to_dtype(sub, depth + 1), shape))
+        is_pad = name == "" and dt.type is np.void and dt.names is None
+        if not is_pad:
+            title, name = name if isinstance(name, tuple) else (None, name)
+            titles.append(title)
+            names.append(name)
+            formats.append(dt)
+            offsets.append(offset)
+        offset += dt.itemsize
+    return np.dtype({"names": names, "formats": formats, "titles": titles,
+                     "offsets": offsets, "itemsize": offset})
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 200 else text[:200] + "..."
