@@ -11,6 +11,7 @@ import struct
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import BinaryIO
 
 U32 = 0xFFFFFFFF
 
@@ -104,3 +105,71 @@ def build_zip(members: Sequence[Member], *, prepend: bytes = b"", append: bytes 
                        ov.get("cd_offset", cd_off32), len(comment))
     out += comment + append
     return bytes(out)
+
+
+def write_torch_like(f: BinaryIO, prefix: str, records: Sequence[tuple[str, bytes | int]],
+                     alignment: int = 64, *, gaps: dict[str, bytes] | None = None) -> None:
+    """Write records the way torch's miniz writer lays them out (FORMATS.md §1.2).
+
+    A record given as an int is that many zero bytes left as a sparse hole (CRC 0), so a
+    zip64 archive of several GiB costs a few KiB on disk. `gaps` puts bytes before a
+    record's local header (a layout torch's writer never produces).
+    """
+    gaps = gaps or {}
+    central: list[tuple[bytes, int, int, int, int]] = []
+    pos = 0
+    for name, payload in records:
+        full = f"{prefix}/{name}".encode()
+        size = payload if isinstance(payload, int) else len(payload)
+        if name in gaps:
+            f.seek(pos)
+            f.write(gaps[name])
+            pos += len(gaps[name])
+        h = pos
+        big_size, big_off = size >= U32, h >= U32
+        z64 = b""
+        if big_size or big_off:
+            body = (struct.pack("<QQ", size, size) if big_size else b"") + (
+                struct.pack("<Q", h) if big_off else b"")
+            z64 = struct.pack("<HH", 1, len(body)) + body
+        start = h + 30 + len(full) + len(z64) + 4
+        data = -(-start // alignment) * alignment
+        extra = z64 + fb_extra(data - start)
+        flags = 0x0808 if size else 0x0800
+        crc = 0 if isinstance(payload, int) else zlib.crc32(payload)
+        f.seek(h)
+        f.write(struct.pack("<4sHHHHHIIIHH", b"PK\x03\x04", 0, flags, 0, 0, 0, 0, 0, 0,
+                            len(full), len(extra)) + full + extra)
+        assert f.tell() == data
+        if isinstance(payload, bytes):
+            f.write(payload)
+        pos = data + size
+        if size:
+            desc = (struct.pack("<4sIQQ", b"PK\x07\x08", crc, size, size) if big_size or big_off
+                    else struct.pack("<4sIII", b"PK\x07\x08", crc, size, size))
+            f.seek(pos)
+            f.write(desc)
+            pos += len(desc)
+        central.append((full, h, size, crc, flags))
+    cd_start = pos
+    f.seek(pos)
+    for full, h, size, crc, flags in central:
+        fields = b""
+        cs = us = size
+        ho = h
+        if size >= U32:
+            fields += struct.pack("<QQ", size, size)
+            cs = us = U32
+        if h >= U32:
+            fields += struct.pack("<Q", h)
+            ho = U32
+        extra = struct.pack("<HH", 1, len(fields)) + fields if fields else b""
+        f.write(struct.pack("<4sHHHHHHIIIHHHHHII", b"PK\x01\x02", 45, 45, flags, 0, 0, 0, crc,
+                            cs, us, len(full), len(extra), 0, 0, 0, 0, ho) + full + extra)
+    cd_end = f.tell()
+    n = len(central)
+    f.write(struct.pack("<4sQHHIIQQQQ", b"PK\x06\x06", 44, 45, 45, 0, 0, n, n,
+                        cd_end - cd_start, cd_start))
+    f.write(struct.pack("<4sIQI", b"PK\x06\x07", 0, cd_end, 1))
+    f.write(struct.pack("<4sHHHHIIH", b"PK\x05\x06", 0, 0, min(n, 0xFFFF), min(n, 0xFFFF),
+                        min(cd_end - cd_start, U32), min(cd_start, U32), 0))
