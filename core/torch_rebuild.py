@@ -1,0 +1,520 @@
+"""What torch 2.13's allowlisted callables do with the arguments a pickle gives them.
+
+Strategy: `weights_only` never calls anything; when torch would call an allowlisted
+function (REDUCE) or class (NEWOBJ), `call_allowed` checks the arguments the way the
+real callee would and returns an inert `Call` node typed with the class torch would
+produce (`attrs["type"]`). Errors are reproduced word for word where they were
+measured against torch 2.13 (tests/differential); any argument shape not measured
+raises `Fail` with type "Unmodelled" — never a guessed "loadable".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from core.dtypes import ITEMSIZE, STORAGE_DTYPE, TORCH_DTYPE_GLOBALS
+from core.values import Call, Global, PersId
+
+QSCHEMES = frozenset(("per_tensor_affine", "per_tensor_symmetric", "per_channel_affine",
+                      "per_channel_symmetric", "per_channel_affine_float_qparams"))
+REBUILDERS = frozenset(f"torch._utils._rebuild_{n}" for n in (
+    "parameter", "parameter_with_state", "qtensor", "tensor", "tensor_v2", "tensor_v3",
+    "sparse_tensor", "meta_tensor_no_storage", "nested_tensor", "wrapper_subclass",
+    "device_tensor_from_numpy", "device_tensor_from_cpu_tensor"))
+_TENSOR_TYPES = ("BFloat16", "Bool", "Byte", "Char", "Double", "Float", "Half", "Int", "Long", "Short")
+TENSOR_TYPE_GLOBALS = frozenset(
+    [f"torch.{t}Tensor" for t in _TENSOR_TYPES] + [f"torch.cuda.{t}Tensor" for t in _TENSOR_TYPES]
+    + [f"torch.sparse.{t}Tensor" for t in _TENSOR_TYPES if t != "Bool"]
+    + [f"torch.cuda.sparse.{t}Tensor" for t in _TENSOR_TYPES if t != "Bool"])
+STORAGE_GLOBALS = frozenset([f"torch.{s}" for s in STORAGE_DTYPE]
+                            + [f"torch.cuda.{s}" for s in STORAGE_DTYPE if not s.startswith("Q")])
+# class name -> the metaclass torch reports for `type(cls)` (measured: tests/differential)
+CLASSES: dict[str, str] = {
+    "collections.OrderedDict": "type", "collections.Counter": "type", "torch.Size": "type",
+    "torch.device": "type", "builtins.bytearray": "type", "builtins.set": "type",
+    "builtins.complex": "type", "torch.storage.TypedStorage": "type",
+    "torch.storage.UntypedStorage": "type",
+    "torch.nn.parameter.Parameter": "torch.nn.parameter._ParameterMeta",
+    "torch.Tensor": "torch._C._TensorMeta",
+}
+# how `str(cls)` renders an allowlisted class that is not a builtin
+_CLASS_STR = {"builtins.bytearray": "bytearray", "builtins.set": "set", "builtins.complex": "complex"}
+_FLOATING = frozenset(("float64", "float32", "float16", "bfloat16", "complex128", "complex64",
+                       "complex32"))
+_INTEGRAL = frozenset(("int64", "int32", "int16", "int8", "uint8", "bool"))
+_LAYOUTS = frozenset(("torch.strided", "torch.sparse_coo", "torch.sparse_csr", "torch.sparse_csc",
+                      "torch.sparse_bsr", "torch.sparse_bsc", "torch._mkldnn", "torch.jagged"))
+_DEVICE_TYPES = ("cpu, cuda, ipu, xpu, mkldnn, opengl, opencl, ideep, hip, ve, fpga, maia, xla, "
+                 "lazy, vulkan, mps, meta, hpu, mtia, privateuseone")
+_INT64_SAFE = 1 << 62
+
+
+class Fail(Exception):
+    """torch would raise `type(message)` here (or: we did not model what it would do)."""
+
+    def __init__(self, type_: str, message: str) -> None:
+        super().__init__(type_, message)
+        self.type = type_
+        self.message = message
+
+
+def unmodelled(what: str) -> Fail:
+    return Fail("Unmodelled", f"not modelled: {what}")
+
+
+@dataclass(frozen=True, slots=True)
+class StorageInfo:
+    """What torch's persistent_load returned: a TypedStorage of `dtype` over `nbytes` bytes."""
+
+    key: str
+    dtype: str
+    nbytes: int
+    resizable: bool = False   # legacy loads allocate fresh (resizable) storages
+
+
+StorageOf = Callable[[Any], StorageInfo | None]
+
+
+def global_kind(full: str) -> str:
+    """`type(obj)` of an allowlisted global, as torch renders it inside `<class '...'>`."""
+    if full in CLASSES:
+        return CLASSES[full]
+    module, _, name = full.rpartition(".")
+    if module == "torch" and name in TORCH_DTYPE_GLOBALS:
+        return "torch.dtype"
+    if module == "torch" and name in QSCHEMES:
+        return "torch.qscheme"
+    if full in STORAGE_GLOBALS:
+        return "torch.serialization.StorageType"
+    if full in TENSOR_TYPE_GLOBALS:
+        return "torch.tensortype"
+    if full == "_codecs.encode":
+        return "builtin_function_or_method"
+    if full in REBUILDERS or full in ("torch.serialization._get_layout",
+                                      "torch._tensor._rebuild_from_type_v2"):
+        return "function"
+    return "?"
+
+
+def type_name(v: Any, storage_of: StorageOf) -> str | None:
+    """The name inside torch's `<class '...'>` for `type(v)`; None if not modelled."""
+    if v is None:
+        return "NoneType"
+    if isinstance(v, (bool, int, float, str, bytes, list, tuple, dict, set, frozenset)):
+        return type(v).__name__
+    if isinstance(v, Call):
+        t = v.attrs.get("type")
+        return t if isinstance(t, str) else None
+    if isinstance(v, PersId):
+        return "torch.storage.TypedStorage" if storage_of(v) is not None else None
+    if isinstance(v, Global):
+        kind = global_kind(v.full)
+        return None if kind == "?" else kind
+    return None
+
+
+def class_repr(name: str) -> str:
+    return f"<class '{name}'>"
+
+
+def str_value(v: Any, storage_of: StorageOf, depth: int = 0) -> str | None:
+    """`str(v)` as torch would print it in a message; None where it depends on data."""
+    if depth > 50:
+        return None
+    if v is None or isinstance(v, (bool, int, float, str, bytes)):
+        return str(v) if depth == 0 or not isinstance(v, (str, bytes)) else repr(v)
+    if isinstance(v, (list, tuple, set)):
+        parts = [str_value(x, storage_of, depth + 1) for x in v]
+        if any(p is None for p in parts):
+            return None
+        if isinstance(v, set):
+            return "{" + ", ".join(parts) + "}" if parts else "set()"  # type: ignore[arg-type]
+        body = ", ".join(parts)  # type: ignore[arg-type]
+        if isinstance(v, list):
+            return f"[{body}]"
+        return f"({body},)" if len(parts) == 1 else f"({body})"
+    if isinstance(v, dict):
+        items = []
+        for k, x in v.items():
+            ks, xs = str_value(k, storage_of, depth + 1), str_value(x, storage_of, depth + 1)
+            if ks is None or xs is None:
+                return None
+            items.append(f"{ks}: {xs}")
+        return "{" + ", ".join(items) + "}"
+    if isinstance(v, Global):
+        kind = global_kind(v.full)
+        if kind == "torch.dtype" or kind == "torch.qscheme":
+            return v.full
+        if kind == "torch.serialization.StorageType":
+            return f"StorageType(dtype=torch.{STORAGE_DTYPE[v.name]})"
+        if v.full in CLASSES or kind == "torch.tensortype":
+            return class_repr(_CLASS_STR.get(v.full, v.full))
+    return None  # functions print their address; tensors print their data
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _int_seq(v: Any) -> tuple[int, ...] | None:
+    """A size/stride argument that set_() accepts (tuple/list/torch.Size of ints), else None."""
+    if isinstance(v, Call) and v.attrs.get("type") == "torch.Size":
+        seq = v.attrs.get("value")
+        return seq if isinstance(seq, tuple) else None
+    if isinstance(v, (tuple, list)) and all(_is_int(x) and abs(x) < _INT64_SAFE for x in v):
+        return tuple(v)
+    return None
+
+
+def _dtype_of(v: Any) -> str | None:
+    if isinstance(v, Global) and v.module == "torch" and v.name in TORCH_DTYPE_GLOBALS:
+        return v.name
+    return None
+
+
+def _tensor(t: str, dtype: str | None, shape: tuple[int, ...] | None, func: Global, args: Any,
+            opcode: str, offset: int, requires_grad: bool = False) -> Call:
+    c = Call(func, args, opcode, offset)
+    c.attrs.update(type=t, dtype=dtype, shape=shape, requires_grad=requires_grad)
+    return c
+
+
+def _arity(name: str, args: tuple[Any, ...], names: tuple[str, ...], optional: int = 0) -> None:
+    """Python's TypeError for a plain positional function `name(*names)`."""
+    n, hi = len(args), len(names)
+    lo = hi - optional
+    if n < lo:
+        missing = names[n:lo]
+        if len(missing) == 1:
+            raise Fail("TypeError", f"{name}() missing 1 required positional argument: '{missing[0]}'")
+        quoted = [f"'{m}'" for m in missing]
+        text = (", ".join(quoted[:-1]) + f" and {quoted[-1]}") if len(quoted) > 1 else quoted[0]
+        raise Fail("TypeError", f"{name}() missing {len(missing)} required positional arguments: {text}")
+    if n > hi:
+        span = f"from {lo} to {hi}" if optional else f"{hi}"
+        verb = "was" if n == 1 else "were"
+        raise Fail("TypeError", f"{name}() takes {span} positional argument{'s' if hi != 1 else ''} "
+                   f"but {n} {verb} given")
+
+
+def _check_view(st: StorageInfo, itemsize: int, offset: Any, size: Any, stride: Any) -> tuple[int, ...]:
+    """`Tensor.set_(storage, offset, size, stride)` on a non-resizable storage (FORMATS.md §2.6)."""
+    shape, strides = _int_seq(size), _int_seq(stride)
+    if not _is_int(offset) or shape is None or strides is None or abs(offset) >= _INT64_SAFE:
+        raise unmodelled("set_() with a non-int offset or size/stride that is not a sequence of ints")
+    if len(shape) != len(strides):
+        raise Fail("RuntimeError", f"unequal size length ({len(shape)}) and stride length ({len(strides)})")
+    if offset < 0:
+        raise Fail("RuntimeError", f"Tensor: invalid storage offset {offset}")
+    if any(s < 0 for s in shape):
+        raise unmodelled("negative size")
+    numel = 1
+    for s in shape:
+        numel *= s
+    if numel >= _INT64_SAFE:
+        raise unmodelled("element count near int64 overflow")
+    if numel == 0:
+        return shape
+    if any(s < 0 for s in strides):
+        raise Fail("RuntimeError", f"Storage size calculation overflowed with sizes={list(shape)} and "
+                   f"strides={list(strides)}")
+    extent = offset + 1 + sum((s - 1) * d for s, d in zip(shape, strides, strict=True))
+    if extent * itemsize >= _INT64_SAFE:
+        raise unmodelled("storage extent near int64 overflow")
+    if extent * itemsize > st.nbytes:
+        if st.resizable:
+            raise unmodelled("view past the end of a resizable (legacy) storage")
+        raise Fail("RuntimeError", "Trying to resize storage that is not resizable")
+    return shape
+
+
+def _requires_grad(rg: Any, dtype: str, message: str) -> bool:
+    if not isinstance(rg, bool):
+        raise Fail("RuntimeError", "requires_grad must be a bool")
+    if rg and dtype not in _FLOATING:
+        if dtype in _INTEGRAL:
+            raise Fail("RuntimeError", message)
+        raise unmodelled(f"requires_grad on dtype {dtype}")
+    return rg
+
+
+def _check_metadata(metadata: Any, dtype: str) -> None:
+    if metadata is None or metadata == {}:
+        return
+    if isinstance(metadata, (list, tuple, int, str, float)) and not isinstance(metadata, bool):
+        if not metadata:
+            return
+        raise Fail("AssertionError", f"expected dict, got {type(metadata).__name__}")
+    if isinstance(metadata, dict) and set(metadata) <= {"conj", "neg"} and all(
+            x is True for x in metadata.values()):
+        if "conj" in metadata and not dtype.startswith("complex"):
+            raise unmodelled("conj metadata on a real dtype (torch INTERNAL ASSERT)")
+        return
+    raise unmodelled("tensor metadata other than {'conj': True} / {'neg': True}")
+
+
+def _storage_arg(v: Any, storage_of: StorageOf, attr: str) -> StorageInfo:
+    st = storage_of(v) if isinstance(v, PersId) else None
+    if st is not None:
+        return st
+    if v is None or isinstance(v, (bool, int, float, str, tuple, list, dict)):
+        tn = type_name(v, storage_of)
+        raise Fail("AttributeError", f"'{tn}' object has no attribute '{attr}'")
+    raise unmodelled(f"storage argument of type {type_name(v, storage_of)}")
+
+
+def _rebuild_tensor(func: Global, args: tuple[Any, ...], so: StorageOf, opcode: str, off: int) -> Call:
+    _arity("_rebuild_tensor", args, ("storage", "storage_offset", "size", "stride"))
+    st = _storage_arg(args[0], so, "dtype")
+    shape = _check_view(st, ITEMSIZE[st.dtype], args[1], args[2], args[3])
+    return _tensor("torch.Tensor", st.dtype, shape, func, args, opcode, off)
+
+
+def _rebuild_tensor_v2(func: Global, args: tuple[Any, ...], so: StorageOf, opcode: str,
+                       off: int) -> Call:
+    _arity("_rebuild_tensor_v2", args, ("storage", "storage_offset", "size", "stride",
+                                        "requires_grad", "backward_hooks", "metadata"), 1)
+    st = _storage_arg(args[0], so, "dtype")
+    shape = _check_view(st, ITEMSIZE[st.dtype], args[1], args[2], args[3])
+    rg = _requires_grad(args[4], st.dtype,
+                        "only Tensors of floating point and complex dtype can require gradients")
+    _check_metadata(args[6] if len(args) > 6 else None, st.dtype)
+    return _tensor("torch.Tensor", st.dtype, shape, func, args, opcode, off, rg)
+
+
+def _rebuild_tensor_v3(func: Global, args: tuple[Any, ...], so: StorageOf, opcode: str,
+                       off: int) -> Call:
+    _arity("_rebuild_tensor_v3", args, ("storage", "storage_offset", "size", "stride",
+                                        "requires_grad", "backward_hooks", "dtype", "metadata"), 1)
+    st = _storage_arg(args[0], so, "_untyped_storage")
+    dtype = _dtype_of(args[6])
+    if dtype is None or dtype not in ITEMSIZE:
+        raise unmodelled("_rebuild_tensor_v3 dtype argument that is not a torch dtype")
+    if not isinstance(args[4], bool) or (args[4] and dtype not in _FLOATING):
+        raise unmodelled("_rebuild_tensor_v3 requires_grad that is not False/True on float")
+    shape = _check_view(st, ITEMSIZE[dtype], args[1], args[2], args[3])
+    _check_metadata(args[7] if len(args) > 7 else None, dtype)
+    return _tensor("torch.Tensor", dtype, shape, func, args, opcode, off, args[4])
+
+
+def _rebuild_parameter(func: Global, args: tuple[Any, ...], so: StorageOf, opcode: str,
+                       off: int) -> Call:
+    with_state = func.name == "_rebuild_parameter_with_state"
+    names = ("data", "requires_grad", "backward_hooks") + (("state",) if with_state else ())
+    _arity(func.name, args, names)
+    data = args[0]
+    if not (isinstance(data, Call) and data.attrs.get("type") in ("torch.Tensor",)):
+        if data is None or isinstance(data, (bool, int, float, str, tuple, list, dict)):
+            raise Fail("AttributeError", f"'{type_name(data, so)}' object has no attribute 'detach'")
+        raise unmodelled("Parameter data that is not a plain tensor")
+    rg = args[1]
+    if not isinstance(rg, bool):
+        raise Fail("TypeError", "_make_subclass(): argument 'require_grad' (position 3) must be bool, "
+                   f"not {type_name(rg, so)}")
+    dtype = data.attrs.get("dtype")
+    if rg and dtype not in _FLOATING:
+        if dtype in _INTEGRAL:
+            raise Fail("RuntimeError", "Only Tensors of floating point and complex dtype can require "
+                       "gradients")
+        raise unmodelled(f"requires_grad on dtype {dtype}")
+    if with_state and not (isinstance(args[3], dict) and all(isinstance(k, str) for k in args[3])):
+        raise unmodelled("_rebuild_parameter_with_state state that is not a dict of str keys")
+    return _tensor("torch.nn.parameter.Parameter", dtype, data.attrs.get("shape"), func, args,
+                   opcode, off, rg)
+
+
+def _simple(type_: str, **attrs: Any) -> Callable[[Global, tuple[Any, ...], StorageOf, str, int], Call]:
+    def make(func: Global, args: tuple[Any, ...], so: StorageOf, opcode: str, off: int) -> Call:
+        c = Call(func, args, opcode, off)
+        c.attrs.update(type=type_, **attrs)
+        return c
+    return make
+
+
+def _iterable_arg(v: Any, so: StorageOf) -> None:
+    if v is None or isinstance(v, (bool, int, float)):
+        raise Fail("TypeError", f"'{type_name(v, so)}' object is not iterable")
+
+
+def _ordered_dict(func: Global, args: tuple[Any, ...], so: StorageOf, opcode: str, off: int) -> Call:
+    tname = "collections.OrderedDict" if func.name == "OrderedDict" else "collections.Counter"
+    if args == ():
+        return _simple(tname)(func, args, so, opcode, off)
+    if len(args) == 1:
+        _iterable_arg(args[0], so)
+        if isinstance(args[0], dict) or (isinstance(args[0], (list, tuple)) and not args[0]):
+            return _simple(tname)(func, args, so, opcode, off)
+    raise unmodelled(f"{func.full} with arguments")
+
+
+def _set(func: Global, args: tuple[Any, ...], so: StorageOf, opcode: str, off: int) -> Call:
+    if len(args) > 1:
+        raise Fail("TypeError", f"set expected at most 1 argument, got {len(args)}")
+    if args:
+        _iterable_arg(args[0], so)
+        if not isinstance(args[0], (list, tuple, set, str)):
+            raise unmodelled("set() of a non-list")
+        for x in args[0]:
+            err = hash_error(x, so)
+            if err is not None:
+                raise Fail("TypeError", err)
+    return _simple("set")(func, args, so, opcode, off)
+
+
+def _complex(func: Global, args: tuple[Any, ...], so: StorageOf, opcode: str, off: int) -> Call:
+    if len(args) > 2:
+        raise Fail("TypeError", f"complex() takes at most 2 arguments ({len(args)} given)")
+    if all(isinstance(a, (int, float)) for a in args):
+        return _simple("complex")(func, args, so, opcode, off)
+    raise unmodelled("complex() of non-numbers")
+
+
+def _encode(func: Global, args: tuple[Any, ...], so: StorageOf, opcode: str, off: int) -> Call:
+    if len(args) == 2 and isinstance(args[0], str) and args[1] in ("latin1", "latin-1"):
+        try:
+            value = args[0].encode("latin-1")
+        except UnicodeEncodeError as exc:
+            raise Fail("UnicodeEncodeError", str(exc)) from None
+        return _simple("bytes", value=value)(func, args, so, opcode, off)
+    raise unmodelled("_codecs.encode other than (str, 'latin1')")
+
+
+def _bytearray(func: Global, args: tuple[Any, ...], so: StorageOf, opcode: str, off: int) -> Call:
+    if args == () or (len(args) == 1 and isinstance(args[0], Call)
+                      and args[0].attrs.get("type") == "bytes"):
+        return _simple("bytearray")(func, args, so, opcode, off)
+    if len(args) == 1 and isinstance(args[0], str):
+        raise Fail("TypeError", "string argument without an encoding")
+    raise unmodelled("bytearray() of anything but bytes")
+
+
+def _size(func: Global, args: tuple[Any, ...], so: StorageOf, opcode: str, off: int) -> Call:
+    if args == ():
+        return _simple("torch.Size", value=())(func, args, so, opcode, off)
+    if len(args) == 1:
+        seq = args[0]
+        if seq is None or isinstance(seq, (bool, int, float)):
+            raise Fail("TypeError", f"'{type_name(seq, so)}' object is not iterable")
+        if isinstance(seq, (tuple, list)):
+            for i, x in enumerate(seq):
+                if not _is_int(x):
+                    tn = type_name(x, so)
+                    if tn in ("str", "float", "NoneType", "tuple", "list", "dict", "bool"):
+                        if tn == "bool":
+                            break
+                        raise Fail("TypeError", f"torch.Size() takes an iterable of 'int' (item {i} "
+                                   f"is '{tn}')")
+                    break
+            else:
+                if all(abs(x) < _INT64_SAFE for x in seq):
+                    return _simple("torch.Size", value=tuple(seq))(func, args, so, opcode, off)
+    raise unmodelled("torch.Size of anything but a sequence of ints")
+
+
+def _device(func: Global, args: tuple[Any, ...], so: StorageOf, opcode: str, off: int) -> Call:
+    if args and isinstance(args[0], str) and (len(args) == 1 or (len(args) == 2 and _is_int(args[1]))):
+        text = args[0]
+        head = text.split(":", 1)[0]
+        if text in ("cpu", "cuda", "meta", "mps") or (len(args) == 1 and head in ("cpu", "cuda")
+                                                      and text[len(head) + 1:].isdigit()
+                                                      and text[len(head) + 1:].isascii()
+                                                      and len(text) < 16):
+            if len(args) == 2 and (args[1] < -1 or ":" in text):
+                raise unmodelled("torch.device with an odd index")
+            return _simple("torch.device")(func, args, so, opcode, off)
+        if text and text.isalpha() and text.isascii() and text not in _DEVICE_TYPES.split(", "):
+            raise Fail("RuntimeError", f"Expected one of {_DEVICE_TYPES} device type at start of device "
+                       f"string: {text}")
+    if args == ():
+        raise Fail("TypeError", "device() received an invalid combination of arguments - got (), but "
+                   "expected one of:\n * (torch.device device)\n * (str type, int index = -1)\n")
+    raise unmodelled("torch.device with these arguments")
+
+
+def _get_layout(func: Global, args: tuple[Any, ...], so: StorageOf, opcode: str, off: int) -> Call:
+    _arity("_get_layout", args, ("name",))
+    name = args[0]
+    if isinstance(name, str) and name in _LAYOUTS:
+        return _simple("torch.layout", value=name)(func, args, so, opcode, off)
+    if isinstance(name, (str, int)) and not isinstance(name, bool):
+        raise Fail("KeyError", repr(name))
+    raise unmodelled("_get_layout of a non-string")
+
+
+def _not_callable(kind: str) -> Callable[[Global, tuple[Any, ...], StorageOf, str, int], Call]:
+    def fail(func: Global, args: tuple[Any, ...], so: StorageOf, opcode: str, off: int) -> Call:
+        raise Fail("TypeError", f"'{kind}' object is not callable")
+    return fail
+
+
+_Model = Callable[[Global, tuple[Any, ...], StorageOf, str, int], Call]
+_MODELS: dict[str, _Model] = {
+    "torch._utils._rebuild_tensor": _rebuild_tensor,
+    "torch._utils._rebuild_tensor_v2": _rebuild_tensor_v2,
+    "torch._utils._rebuild_tensor_v3": _rebuild_tensor_v3,
+    "torch._utils._rebuild_parameter": _rebuild_parameter,
+    "torch._utils._rebuild_parameter_with_state": _rebuild_parameter,
+    "collections.OrderedDict": _ordered_dict,
+    "collections.Counter": _ordered_dict,
+    "builtins.set": _set,
+    "builtins.complex": _complex,
+    "builtins.bytearray": _bytearray,
+    "_codecs.encode": _encode,
+    "torch.Size": _size,
+    "torch.device": _device,
+    "torch.serialization._get_layout": _get_layout,
+}
+
+
+def call_allowed(func: Global, args: Any, storage_of: StorageOf, opcode: str, offset: int) -> Call:
+    """REDUCE of an allowlisted global: check the args as the callee would; return its result."""
+    kind = global_kind(func.full)
+    callable_ = kind not in ("torch.dtype", "torch.qscheme", "torch.serialization.StorageType")
+    if not isinstance(args, tuple):
+        # func(*args): CPython checks the star-argument before the call
+        if callable_ and (args is None or isinstance(args, (bool, int, float))):
+            raise Fail("TypeError", f"{_callee_label(func)} argument after * must be an iterable, not "
+                       f"{type_name(args, storage_of)}")
+        raise unmodelled("REDUCE arguments that are not a tuple")
+    if not callable_:
+        raise Fail("TypeError", f"'{kind.rsplit('.', 1)[-1] if 'Storage' in kind else kind}' object "
+                   "is not callable")
+    model = _MODELS.get(func.full)
+    if model is None:
+        raise unmodelled(f"a call of {func.full}")
+    return model(func, args, storage_of, opcode, offset)
+
+
+def _callee_label(func: Global) -> str:
+    # CPython's _PyObject_FunctionStr: "module.qualname()", builtins without the module
+    return f"{func.name}()" if func.module == "builtins" else f"{func.full}()"
+
+
+def hash_error(v: Any, storage_of: StorageOf, depth: int = 0) -> str | None:
+    """Python's "unhashable type: 'X'" message if `hash(v)` fails in torch, else None."""
+    if depth > 100:
+        raise unmodelled("hash of a deeply nested tuple")
+    if isinstance(v, tuple):
+        for x in v:
+            err = hash_error(x, storage_of, depth + 1)
+            if err is not None:
+                return err
+        return None
+    if isinstance(v, (list, dict, set)):
+        return f"unhashable type: '{type(v).__name__}'"
+    if isinstance(v, Call):
+        t = v.attrs.get("type")
+        if t in ("collections.OrderedDict", "collections.Counter", "set", "bytearray"):
+            # tp_name: C-level OrderedDict keeps its module, Python-level Counter does not
+            return f"unhashable type: '{'Counter' if t == 'collections.Counter' else t}'"
+        if t in ("torch.Tensor", "torch.nn.parameter.Parameter", "bytes", "complex", "torch.device",
+                 "torch.layout"):
+            return None
+        if t == "torch.Size":
+            return None
+        raise unmodelled(f"hash of a {t}")
+    if isinstance(v, PersId):
+        raise unmodelled("a storage used as a dict key or set member")
+    return None

@@ -1,0 +1,182 @@
+"""core.weights_only vs real torch 2.13 (the oracle), on hand-made and torch.save'd pickles.
+
+Every case is written as a torch zip, loaded by `torch.load(path, weights_only=True)` in
+one fresh subprocess (the emulated baseline, FORMATS.md §3.2), and emulated. They must
+agree on loadable / exception type / message / wrapped text. A case the emulator calls
+"Unmodelled" fails the test unless listed in UNMODELLED (then torch must not succeed
+silently in a way we claim — we only check we did not claim loadable).
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from core.weights_only import TorchError, emulate, unsafe_globals
+from tests.core.weights_only.cases import CASES, Case
+from tests.core.weights_only.oracle import run_oracle, write_zip, zip_records
+
+pytestmark = pytest.mark.torch
+torch = pytest.importorskip("torch")
+
+_MINIZ_HINT = (". This is an internal miniz error. If you are seeing this error, there is a high "
+               "likelihood that your checkpoint file is corrupted. This can happen if the checkpoint "
+               "was not saved properly, was transferred incorrectly, or the file was modified after "
+               "saving.")
+
+
+class Records:
+    """The StorageResolver the zip format module provides, over a dict of records."""
+
+    def __init__(self, records: dict[str, bytes]) -> None:
+        self.records = records
+
+    def check(self, key: str, nbytes: int) -> TorchError | None:
+        data = self.records.get(f"data/{key}")
+        if data is None:
+            return TorchError("RuntimeError",
+                              f"PytorchStreamReader failed locating file data/{key}: file not found"
+                              + _MINIZ_HINT)
+        if len(data) != nbytes:
+            return TorchError("RuntimeError", f"record size ({len(data)} bytes) does not match expected "
+                              f"size ({nbytes} bytes = {nbytes} elements * 1 bytes/element) for dtype Byte")
+        return None
+
+
+# Cases where the emulator is allowed to answer "Unmodelled" (never "loadable")
+UNMODELLED = {"save:quantized", "save:sparse", "save:subclass", "save:tensor-attr", "save:param-attr",
+              "save:sparse-csr", "save:qchannel", "save:njt", "save:namespace-allowed",
+              "save:meta", "newobj:list", "reduce:dict", "reduce:tuple"}
+
+
+class _MyT(torch.Tensor):
+    pass
+
+
+def _saved_cases(tmp: Path) -> list[Case]:
+    import argparse
+
+    import numpy as np
+
+    t = torch.arange(6, dtype=torch.float32).view(2, 3)
+    p = torch.nn.Parameter(torch.ones(3))
+    p_attr = torch.nn.Parameter(torch.ones(2))
+    p_attr.note = "x"  # type: ignore[attr-defined]
+    t_attr = torch.ones(2)
+    t_attr.extra = 1  # type: ignore[attr-defined]
+    objs: dict[str, Any] = {
+        "state_dict": torch.nn.Linear(3, 2).state_dict(),
+        "nested": {"a": [t, (t[1], {"b": t[:, 1]})], "n": None, 1: 2.5, "s": "x"},
+        "bytes": b"abc\xff",
+        "bytes-empty": b"",
+        "bytearray": bytearray(b"xy"),
+        "set": {1, 2, "a"},
+        "frozenset": frozenset({1}),
+        "complex": 1 + 2j,
+        "param": p,
+        "param-attr": p_attr,
+        "tensor-attr": t_attr,
+        "dtype": torch.float32,
+        "torch.float": torch.float,
+        "device": torch.device("cpu"),
+        "size": torch.Size((2, 3)),
+        "layout": torch.sparse_coo,
+        "qscheme": torch.per_tensor_affine,
+        "dtypes-all": [torch.bfloat16, torch.float8_e4m3fn, torch.uint16, torch.complex32],
+        "v3": [torch.zeros(3, dtype=torch.uint16), torch.zeros(2, dtype=torch.float8_e5m2)],
+        "int-tensors": [torch.arange(4, dtype=torch.int64), torch.zeros(2, dtype=torch.bool),
+                        torch.zeros(3, dtype=torch.complex64)],
+        "empty-tensor": torch.empty(0, dtype=torch.int64),
+        "scalar": torch.tensor(3.5),
+        "conj": torch.tensor([1 + 1j]).conj(),
+        "ordered": __import__("collections").OrderedDict(a=1),
+        "counter": __import__("collections").Counter("aab"),
+        "quantized": torch.quantize_per_tensor(torch.ones(2), 0.1, 0, torch.quint8),
+        "qchannel": torch.quantize_per_channel(torch.ones(2, 2), torch.tensor([0.1, 0.2]),
+                                               torch.tensor([0, 0]), 0, torch.qint8),
+        "sparse": torch.ones(2, 2).to_sparse(),
+        "sparse-csr": torch.ones(2, 2).to_sparse_csr(),
+        "subclass": torch.ones(2).as_subclass(_MyT),
+        "namespace": argparse.Namespace(a=1),
+        "namespace-allowed": argparse.Namespace(a=1),
+        "numpy": np.arange(3),
+        "meta": torch.empty(2, device="meta"),
+        "slice": slice(1, 2),
+        "range": range(3),
+    }
+    out = []
+    for name, obj in objs.items():
+        buf = io.BytesIO()
+        torch.save(obj, buf)
+        pkl, recs = zip_records_from_bytes(buf.getvalue(), tmp / f"save-{name}.pt")
+        allow = ["argparse.Namespace"] if name == "namespace-allowed" else []
+        out.append(Case(f"save:{name}", pkl, recs, allow))
+    return out
+
+
+def zip_records_from_bytes(data: bytes, path: Path) -> tuple[bytes, dict[str, bytes]]:
+    path.write_bytes(data)
+    return zip_records(path)
+
+
+@pytest.fixture(scope="module")
+def oracle(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    tmp = tmp_path_factory.mktemp("wo")
+    cases = CASES + _saved_cases(tmp)
+    jobs: list[dict[str, Any]] = []
+    for n, case in enumerate(cases):
+        path = write_zip(tmp / f"case{n}.pt", case.pkl, case.records)
+        jobs.append({"path": str(path), "allow": case.allow, "mode": "load"})
+        jobs.append({"path": str(path), "allow": case.allow, "mode": "unsafe"})
+    results = run_oracle(jobs, tmp)
+    return {c.name: (c, results[2 * k], results[2 * k + 1]) for k, c in enumerate(cases)}
+
+
+ALL_NAMES = [c.name for c in CASES] + [f"save:{n}" for n in (
+    "state_dict", "nested", "bytes", "bytes-empty", "bytearray", "set", "frozenset", "complex", "param",
+    "param-attr", "tensor-attr", "dtype", "torch.float", "device", "size", "layout", "qscheme",
+    "dtypes-all", "v3", "int-tensors", "empty-tensor", "scalar", "conj", "ordered", "counter",
+    "quantized", "qchannel", "sparse", "sparse-csr", "subclass", "namespace", "namespace-allowed",
+    "numpy", "meta", "slice", "range")]
+
+
+@pytest.mark.parametrize("name", ALL_NAMES)
+def test_emulate_matches_torch_load(oracle: dict[str, Any], name: str) -> None:
+    case, want, _ = oracle[name]
+    got = emulate(case.pkl, allow=frozenset(case.allow), resolver=Records(case.records))
+    if got.error is not None and got.error.type == "Unmodelled":
+        assert name in UNMODELLED, f"{name}: {got.error.message} (torch: {want})"
+        return
+    assert name not in UNMODELLED or got.loadable == want["ok"], name
+    assert got.loadable == want["ok"], (name, got.error, want)
+    if not want["ok"]:
+        assert got.error is not None
+        assert got.error.type == want["type"], (name, got.error, want)
+        assert got.error.wrapped() == want["msg"], (name, got.error, want)
+
+
+@pytest.mark.parametrize("name", ALL_NAMES)
+def test_unsafe_globals_match_torch(oracle: dict[str, Any], name: str) -> None:
+    case, _, want = oracle[name]
+    got = unsafe_globals(case.pkl, frozenset(case.allow))
+    if want["ok"]:
+        assert got == want["globals"], name
+    else:
+        assert isinstance(got, TorchError), (name, got, want)
+        assert (got.type, got.message) == (want["type"], want["msg"]), name
+
+
+def test_oracle_baseline_is_fresh_import(tmp_path: Path) -> None:
+    """The oracle process sees exactly BASELINE_USER_GLOBALS as user safe globals."""
+    from core.weights_only import BASELINE_USER_GLOBALS
+
+    pkl = pickle.dumps(None, protocol=2)
+    path = write_zip(tmp_path / "x.pt", pkl)
+    names = sorted(BASELINE_USER_GLOBALS)
+    jobs = [{"path": str(path), "mode": "unsafe"}]
+    assert run_oracle(jobs, tmp_path)[0]["ok"]
+    assert len(names) == 4
