@@ -93,6 +93,8 @@ class Code(StrEnum):
     ZIP_CRC_MISMATCH = "ZIP_CRC_MISMATCH", _M, _S, "a record's CRC-32 does not match its bytes"
     ZIP_MULTIPLE_DISKS = "ZIP_MULTIPLE_DISKS", _M, _X, "multi-disk archives are not supported"
     ZIP_COMMENT = "ZIP_COMMENT", _I, _N, "the archive has a comment"
+    ZIP_BAD_RECORD_DATA = ("ZIP_BAD_RECORD_DATA", _M, _S,
+                           "a compressed record does not inflate to its declared size")
 
     # --- pickle -----------------------------------------------------------------------
     PICKLE_TRUNCATED = "PICKLE_TRUNCATED", _H, _X, "the pickle ends before STOP"

@@ -520,10 +520,10 @@ def _inflate(raw: bytes, usize: int, name: str, offset: int) -> bytes:
     try:
         out = inflater.decompress(raw, usize + 1)   # max_length: a bomb stops at usize + 1
     except zlib.error as exc:
-        raise FormatError(Code.ZIP_BAD_LOCAL_HEADER, f"{name}: bad deflate stream ({exc})",
+        raise FormatError(Code.ZIP_BAD_RECORD_DATA, f"{name}: bad deflate stream ({exc})",
                           offset=offset, record=name) from exc
     if len(out) != usize or not inflater.eof:
-        raise FormatError(Code.ZIP_BAD_LOCAL_HEADER,
+        raise FormatError(Code.ZIP_BAD_RECORD_DATA,
                           f"{name}: inflates to {len(out)}{'+' if not inflater.eof else ''} bytes, "
                           f"central directory says {usize}", offset=offset, record=name)
     return out

@@ -299,8 +299,9 @@ def test_read_record_methods_and_caps() -> None:
     with pytest.raises(FormatError) as exc:
         read_record(src, d, "a/enc")
     assert exc.value.code is Code.ZIP_ENCRYPTED_ENTRY
-    with pytest.raises(FormatError, match="inflates to 11"):   # stopped at usize + 1
+    with pytest.raises(FormatError, match="inflates to 11") as exc:   # stopped at usize + 1
         read_record(src, d, "a/bomb")
+    assert exc.value.code is Code.ZIP_BAD_RECORD_DATA
     with pytest.raises(FormatError) as exc:
         read_record(src, d, "a/missing")
     assert exc.value.code is Code.TORCH_MISSING_RECORD
