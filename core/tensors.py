@@ -152,7 +152,7 @@ def _ints(value: Any, what: str) -> list[int]:
     if type(value) is Call and value.func == Global("torch", "Size") and type(value.args) is tuple \
             and len(value.args) == 1:
         value = value.args[0]
-    if type(value) is not tuple and type(value) is not list:
+    if not isinstance(value, (tuple, list)):
         raise _Bad(f"{what} is {type(value).__name__}, not a sequence of ints")
     for v in value:
         if type(v) is not int:
@@ -211,7 +211,8 @@ class _Builder:
             t = type(value)
             if t is Call:
                 fn = value.func
-                if type(fn) is Global and (fn.module, fn.name) in _REBUILD_PAIRS:
+                if type(fn) is Global and (fn.module, fn.name) in _REBUILD_PAIRS \
+                        and (fn.name != "_rebuild_from_type_v2" or _wraps_rebuild(value)):
                     if fn.name != "_rebuild_tensor_v2" or not self.fast_v2(path, value):
                         self.tensor(path, value, push)
                     continue
@@ -236,6 +237,13 @@ class _Builder:
                     continue
                 seen.add(id(value))
                 extend(reversed([((*path, i), v) for i, v in enumerate(value)]))
+            elif isinstance(value, (dict, list, tuple)):
+                # subclasses (core.fastpath builds OrderedDict/list stand-ins): same as the base
+                if id(value) in seen:
+                    continue
+                seen.add(id(value))
+                items = value.items() if isinstance(value, dict) else enumerate(value)
+                extend(reversed([((*path, _segment(k)), v) for k, v in items]))
 
     # --- one tensor ------------------------------------------------------------------
     def fast_v2(self, path: _Path, call: Call) -> bool:
@@ -593,6 +601,14 @@ def _call_children(path: _Path, call: Call) -> list[tuple[_Path, Any]]:
 
 
 _DICT_TYPES = frozenset({Global("collections", "OrderedDict"), Global("builtins", "dict")})
+
+
+def _wraps_rebuild(call: Call) -> bool:
+    """A `_rebuild_from_type_v2` around a tensor rebuild; else (an NJT's `_rebuild_njt`, ...)
+    the call is walked as a plain object."""
+    args = call.args
+    return (type(args) is tuple and len(args) == 4 and type(args[0]) is Global
+            and (args[0].module, args[0].name) in _REBUILD_PAIRS)
 
 
 def _qparams(qparams: Any) -> list[tuple[str, Any]]:

@@ -1,0 +1,297 @@
+"""The tensor manifest against torch.load itself, on every case of the torch-written corpus.
+
+Two routes to a manifest, both compared with `torch.load(path, weights_only=False)` (the
+fixtures are ours, so executing them here is fine):
+- `graph`: core.vm.run_vm on the pickle + a locator built here from zipfile / the legacy
+  stream layout + core.tensors.build_manifest — tests the manifest module alone;
+- `scan`: core.scan.scan_path, the whole pipeline.
+Same tensor paths, dtypes, shapes, strides, storage offsets, requires_grad, kinds, and the
+file bytes at [data_offset, data_offset + nbytes) equal the loaded tensor's storage span.
+"""
+
+from __future__ import annotations
+
+import struct
+import warnings
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from core.analysis import Analysis
+from core.dtypes import ITEMSIZE, storage_dtype
+from core.report import StorageEntry, TensorEntry
+from core.scan import scan_path
+from core.tensors import StorageSite, build_manifest
+from core.values import Global
+from core.vm import run_vm
+from tests.fixtures.generate import Case, catalogue
+
+torch = pytest.importorskip("torch")
+pytestmark = pytest.mark.torch
+
+IDS = catalogue()
+
+
+# ---- the graph route ---------------------------------------------------------------------------
+
+
+class _Sites:
+    def __init__(self, sites: dict[str, StorageSite]) -> None:
+        self.sites = sites
+
+    def locate(self, key: str) -> StorageSite | None:
+        return self.sites.get(key)
+
+
+def zip_manifest(path: Path) -> Analysis:
+    data = path.read_bytes()
+    with zipfile.ZipFile(path) as zf:
+        infos = zf.infolist()
+        prefix = infos[0].filename.split("/")[0]
+        sites: dict[str, StorageSite] = {}
+        for info in infos:
+            if info.filename.startswith(f"{prefix}/data/"):
+                n, m = struct.unpack_from("<HH", data, info.header_offset + 26)
+                sites[info.filename[len(prefix) + 6:]] = StorageSite(
+                    info.filename, info.header_offset + 30 + n + m, info.file_size, False)
+        pkl = zf.read(f"{prefix}/data.pkl")
+    result = run_vm(pkl)
+    assert result.complete, result.error
+    an = Analysis()
+    build_manifest(result.root, _Sites(sites), an, record=f"{prefix}/data.pkl")
+    return an
+
+
+def legacy_manifest(path: Path) -> Analysis:
+    """FORMATS.md §4.1: magic, protocol, sys_info, main pickle, keys, then per key int64 + bytes."""
+    data = path.read_bytes()
+    pos = 0
+    for _ in range(3):
+        pos = run_vm(data, start=pos).end
+    main = run_vm(data, start=pos)
+    keys = run_vm(data, start=main.end)
+    assert main.complete and keys.complete
+    itemsize: dict[str, int] = {}
+    for p in main.persids:
+        st = p.pid[1]
+        assert isinstance(st, Global)
+        dt = "uint8" if st.name == "UntypedStorage" else storage_dtype(st.module, st.name)
+        itemsize.setdefault(p.pid[2], ITEMSIZE[dt or "uint8"])
+    pos = keys.end
+    sites: dict[str, StorageSite] = {}
+    for key in keys.root:
+        (count,) = struct.unpack_from("<q", data, pos)
+        nbytes = count * itemsize[key]
+        sites[key] = StorageSite(None, pos + 8, nbytes, False)
+        pos += 8 + nbytes
+    an = Analysis()
+    build_manifest(main.root, _Sites(sites), an, record=None)
+    return an
+
+
+def graph_manifest(case: Case) -> tuple[list[TensorEntry], list[StorageEntry], list[Any]]:
+    an = legacy_manifest(case.path) if case.legacy else zip_manifest(case.path)
+    return an.tensors, an.storages, an.findings
+
+
+def scan_manifest(case: Case) -> tuple[list[TensorEntry], list[StorageEntry], list[Any]]:
+    report = scan_path(case.path)
+    if case.legacy and report.format != "torch-legacy":
+        pytest.skip(f"legacy format not integrated in scan yet (format {report.format})")
+    internal = [f for f in report.findings if f.code == "INTERNAL_ERROR"]
+    assert not internal, internal
+    return report.tensors, report.storages, report.findings
+
+
+# ---- the oracle: torch.load, flattened with the manifest's naming convention -----------------------
+
+
+def _key(k: Any) -> str | int:
+    if type(k) in (str, int):
+        return k  # type: ignore[no-any-return]
+    if type(k) is bytes:
+        return k.decode("latin-1")
+    return repr(k)
+
+
+def _kind(t: Any) -> str:
+    if t.is_quantized:
+        return "quantized"
+    if t.layout != torch.strided:
+        return "sparse"
+    if t.is_nested:
+        return "nested"
+    if t.is_meta:
+        return "meta"
+    if isinstance(t, torch.nn.Parameter):
+        return "parameter"
+    if type(t) is not torch.Tensor:
+        return "subclass"
+    return "tensor"
+
+
+_COMPONENTS = {
+    torch.sparse_coo: lambda t: [("indices", t._indices()), ("values", t._values())],
+    torch.sparse_csr: lambda t: [("compressed_indices", t.crow_indices()), ("plain_indices", t.col_indices()),
+                                 ("values", t.values())],
+    torch.sparse_bsr: lambda t: [("compressed_indices", t.crow_indices()), ("plain_indices", t.col_indices()),
+                                 ("values", t.values())],
+    torch.sparse_csc: lambda t: [("compressed_indices", t.ccol_indices()), ("plain_indices", t.row_indices()),
+                                 ("values", t.values())],
+    torch.sparse_bsc: lambda t: [("compressed_indices", t.ccol_indices()), ("plain_indices", t.row_indices()),
+                                 ("values", t.values())],
+}
+
+
+def flatten(obj: Any) -> dict[tuple[Any, ...], tuple[Any, bool]]:
+    """path -> (tensor or storage, is_component), in the manifest's convention (core/tensors.py)."""
+    out: dict[tuple[Any, ...], tuple[Any, bool]] = {}
+    stack: list[tuple[tuple[Any, ...], Any, bool]] = [((), obj, False)]
+    seen: set[int] = set()
+    while stack:
+        path, x, comp = stack.pop()
+        children: list[tuple[tuple[Any, ...], Any, bool]] = []
+        if isinstance(x, torch.Tensor):
+            out[path] = (x, comp)
+            if x.is_quantized and x.qscheme() in (torch.per_channel_affine,
+                                                  torch.per_channel_affine_float_qparams):
+                children += [((*path, "scales"), x.q_per_channel_scales(), True),
+                             ((*path, "zero_points"), x.q_per_channel_zero_points(), True)]
+            elif x.layout in _COMPONENTS:
+                children += [((*path, n), c, True) for n, c in _COMPONENTS[x.layout](x)]
+            elif x.is_nested:
+                children += [((*path, "buffer"), x.values(), True),
+                             ((*path, "sizes"), x._nested_tensor_size(), True),
+                             ((*path, "strides"), x._nested_tensor_strides(), True),
+                             ((*path, "storage_offsets"), x._nested_tensor_storage_offsets(), True)]
+            children += [((*path, _key(k)), v, False) for k, v in vars(x).items()]
+        elif isinstance(x, (torch.storage.TypedStorage, torch.UntypedStorage)):
+            out[path] = (x, False)
+        elif id(x) in seen:
+            continue
+        elif isinstance(x, dict):
+            seen.add(id(x))
+            children += [((*path, _key(k)), v, False) for k, v in x.items()]
+            children += [((*path, _key(k)), v, False) for k, v in getattr(x, "__dict__", {}).items()]
+        elif isinstance(x, (list, tuple)):
+            seen.add(id(x))
+            children += [((*path, i), v, False) for i, v in enumerate(x)]
+        elif hasattr(x, "__dict__") and not isinstance(x, type) and not callable(x):
+            seen.add(id(x))
+            children += [((*path, _key(k)), v, False) for k, v in vars(x).items()]
+        elif isinstance(x, torch.nn.Module):
+            seen.add(id(x))
+            children += [((*path, _key(k)), v, False) for k, v in vars(x).items()]
+        stack.extend(reversed(children))
+    return out
+
+
+def _raw(t: Any) -> bytes:
+    """A tensor's elements in row-major order, as raw little-endian bytes."""
+    c = t.detach().contiguous().reshape(-1)
+    if t.dtype in (torch.quint4x2, torch.quint2x4):
+        raise AssertionError("packed dtypes are compared by storage span")
+    return bytes(c.view(torch.uint8).numpy().tobytes()) if c.numel() else b""
+
+
+def _strided_bytes(span: bytes, shape: list[int], stride: list[int], itemsize: int) -> bytes:
+    n = 1
+    for s in shape:
+        n *= s
+    if n == 0:
+        return b""
+    base = np.frombuffer(span, dtype=np.dtype(f"V{itemsize}"))
+    view = np.lib.stride_tricks.as_strided(base, shape=shape, strides=[s * itemsize for s in stride])
+    return view.tobytes()
+
+
+def _swap(data: bytes, itemsize: int) -> bytes:
+    if itemsize == 1 or not data:
+        return data
+    return np.frombuffer(data, dtype=f"<u{itemsize}").astype(f">u{itemsize}").tobytes()
+
+
+def compare(case: Case, tensors: list[TensorEntry], storages: list[StorageEntry]) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        loaded = torch.load(case.path, weights_only=False)
+    want = flatten(loaded)
+    got = {tuple(t.path): t for t in tensors}
+    assert len(got) == len(tensors), "two manifest entries share a path"
+    assert sorted(map(repr, got)) == sorted(map(repr, want))
+    blob = case.path.read_bytes()
+    by_key = {s.key: s for s in storages}
+    for path, (x, comp) in want.items():
+        e = got[path]
+        assert e.name == ".".join(map(str, path))
+        if isinstance(x, (torch.storage.TypedStorage, torch.UntypedStorage)):
+            is_typed = isinstance(x, torch.storage.TypedStorage)
+            assert e.kind == "storage"
+            assert e.dtype == (str(x.dtype).removeprefix("torch.") if is_typed else "uint8")
+            assert e.shape == [x.size() if is_typed else x.nbytes()]
+            raw = bytes(x._untyped_storage if is_typed else x)
+            assert e.data_offset is not None
+            assert blob[e.data_offset:e.data_offset + e.nbytes] == raw
+            continue
+        assert e.dtype == str(x.dtype).removeprefix("torch."), path
+        assert e.requires_grad == x.requires_grad, path
+        if not comp:
+            assert e.kind == _kind(x), path
+        if x.layout != torch.strided or x.is_nested:
+            assert e.storage is None and e.data_offset is None and e.nbytes == 0
+            if not x.is_nested:
+                assert e.shape == list(x.shape)
+            continue
+        assert e.shape == list(x.shape), path
+        assert e.stride == list(x.stride()), path
+        if x.is_meta:
+            assert e.storage is None and e.data_offset is None
+            continue
+        assert e.storage in by_key and e.data_offset is not None, path
+        itemsize = x.element_size()
+        if comp:
+            # components torch rebuilds (sizes, scales) need not share the file's storage: compare values
+            span = blob[e.data_offset:e.data_offset + e.nbytes]
+            assert _strided_bytes(_swap_back(span, itemsize, case), e.shape, e.stride, itemsize) == _raw(x)
+            continue
+        assert e.storage_offset == x.storage_offset(), path
+        storage = bytes(x.untyped_storage())
+        start = x.storage_offset() * itemsize
+        if x.dtype in (torch.quint4x2, torch.quint2x4):
+            pack = 2 if x.dtype == torch.quint4x2 else 4
+            start = x.storage_offset() // pack
+        expect = storage[start:start + e.nbytes]
+        assert len(expect) == e.nbytes, f"{path}: nbytes {e.nbytes} passes the storage"
+        span = blob[e.data_offset:e.data_offset + e.nbytes]
+        assert _swap_back(span, itemsize, case) == expect, path
+        if x.numel() and not x.is_quantized and not x.is_conj() and not x.is_neg():
+            assert _strided_bytes(expect, e.shape, e.stride, itemsize) == _raw(x), path
+
+
+def _swap_back(span: bytes, itemsize: int, case: Case) -> bytes:
+    return _swap(span, itemsize) if case.byteorder == "big" else span
+
+
+@pytest.mark.parametrize("case_id", IDS)
+def test_graph_manifest_matches_torch(torch_corpus: dict[str, Case], case_id: str) -> None:
+    case = torch_corpus[case_id]
+    tensors, storages, findings = graph_manifest(case)
+    if case.compare:
+        compare(case, tensors, storages)
+    assert not [f for f in findings if f.code.startswith("TORCH_")], findings
+
+
+@pytest.mark.parametrize("case_id", IDS)
+def test_scan_manifest_matches_torch(torch_corpus: dict[str, Case], case_id: str) -> None:
+    case = torch_corpus[case_id]
+    tensors, storages, _ = scan_manifest(case)
+    if case.compare:
+        compare(case, tensors, storages)
+
+
+def test_corpus_is_large_and_distinct(torch_corpus: dict[str, Case]) -> None:
+    assert len(torch_corpus) >= 150
+    assert len({c.path.read_bytes() for c in torch_corpus.values()}) == len(torch_corpus)
