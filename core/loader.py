@@ -185,3 +185,22 @@ def open_checkpoint(target: str, *, headers: Mapping[str, str] | None = None,
             close()
         raise
     return RemoteCheckpoint(source, report)
+
+
+def scan_url(url: str, *, headers: Mapping[str, str] | None = None, guard: UrlGuard | None = None,
+             options: ScanOptions | None = None, info: SourceInfo | None = None) -> Report:
+    """Scan an http(s) URL over Range requests (a plain function: runs in a worker process).
+
+    Raises SourceError (SOURCE_URL_REFUSED for the guard, SOURCE_HTTP/SOURCE_CHANGED/
+    SOURCE_SHORT_READ for the server) when the bytes cannot be read; any bytes -> Report.
+    """
+    from core.http_source import HttpSource
+    from core.scan import scan_source
+
+    opts = options or ScanOptions()
+    with HttpSource(url, headers=headers, guard=guard, limits=opts.limits) as source:
+        if info is None:
+            info = SourceInfo(kind="url", name=source.name, url=url)
+        info.size = source.size
+        return scan_source(source, options=opts, info=info)
+

@@ -229,3 +229,20 @@ def _make_handler(server: RangeServer) -> type[BaseHTTPRequestHandler]:
             self._finish(206, headers, (obj, start, nbytes), head=head, fault=fault)
 
     return Handler
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m tests.rangeserver FILE...`: serve files as /<basename>, print the port."""
+    import sys
+
+    paths = [Path(p) for p in (argv if argv is not None else sys.argv[1:])]
+    srv = RangeServer({f"/{p.name}": p for p in paths}).start()
+    print(srv.port, flush=True)
+    try:
+        sys.stdin.read()  # serve until stdin closes
+    finally:
+        srv.stop()
+
+
+if __name__ == "__main__":
+    main()

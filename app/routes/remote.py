@@ -1,0 +1,78 @@
+"""POST /scan/url: scan a remote checkpoint over HTTP Range requests.
+
+Strategy: the route stays thin. It checks the URL with the service's guard first (a
+refused URL never reaches a worker), then runs `core.loader.scan_url` in the service's
+scan pool when app/jobs.py offers a URL entry point (`jobs.scan_url(url, headers, guard)`
+returning the report JSON), else in a thread. A source error becomes problem+json:
+403 SOURCE_URL_REFUSED for SSRF refusals, 400 for a malformed/non-http URL,
+502 for an upstream that answers wrongly (SOURCE_HTTP, SOURCE_CHANGED, SOURCE_SHORT_READ).
+A malicious file is not an error: 200 with verdict unsafe.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Request
+from fastapi.concurrency import run_in_threadpool
+from pydantic import BaseModel, Field
+
+from app.problems import AppError
+from app.ssrf import guard_from_settings
+from core.analysis import ScanOptions
+from core.errors import Code, LimitExceeded, SourceError
+from core.urlguard import UrlGuard
+
+router = APIRouter()
+
+MAX_HEADERS = 32
+
+
+class ScanUrlRequest(BaseModel):
+    url: Annotated[str, Field(min_length=1, max_length=8192)]
+    headers: Annotated[dict[str, Annotated[str, Field(max_length=8192)]] | None,
+                       Field(max_length=MAX_HEADERS)] = None
+
+
+def _guard(request: Request) -> UrlGuard:
+    guard = getattr(request.app.state, "url_guard", None)
+    if isinstance(guard, UrlGuard):
+        return guard
+    return guard_from_settings(getattr(request.app.state, "settings", None))
+
+
+def _options(request: Request) -> ScanOptions:
+    settings = getattr(request.app.state, "settings", None)
+    return ScanOptions(allow=frozenset(getattr(settings, "allow_globals", ()) or ()))
+
+
+def _problem_for(exc: SourceError) -> AppError:
+    if exc.code is Code.SOURCE_URL_REFUSED:
+        malformed = exc.message.startswith(("scheme", "malformed", "URL has no host", "port 0"))
+        return AppError(str(exc.code), 400 if malformed else 403, exc.message)
+    return AppError(str(exc.code), 502, exc.message)
+
+
+def _scan_sync(url: str, headers: dict[str, str] | None, guard: UrlGuard,
+               options: ScanOptions) -> dict[str, Any]:
+    from core.loader import scan_url
+
+    return scan_url(url, headers=headers, guard=guard, options=options).to_json()
+
+
+@router.post("/scan/url")
+async def scan_url(body: ScanUrlRequest, request: Request) -> dict[str, Any]:
+    guard = _guard(request)
+    try:
+        guard.check_url(body.url)
+        jobs = getattr(request.app.state, "jobs", None)
+        if jobs is not None and hasattr(jobs, "scan_url"):
+            report: dict[str, Any] = await jobs.scan_url(body.url, body.headers, guard)
+        else:
+            report = await run_in_threadpool(_scan_sync, body.url, body.headers, guard,
+                                             _options(request))
+    except SourceError as exc:
+        raise _problem_for(exc) from exc
+    except LimitExceeded as exc:  # the byte budget ran out before the scan could start
+        raise AppError(str(exc.code), 413, exc.message) from exc
+    return report
