@@ -49,6 +49,15 @@ _LAYOUTS = frozenset(("torch.strided", "torch.sparse_coo", "torch.sparse_csr", "
 _DEVICE_TYPES = ("cpu, cuda, ipu, xpu, mkldnn, opengl, opencl, ideep, hip, ve, fpga, maia, xla, "
                  "lazy, vulkan, mps, meta, hpu, mtia, privateuseone")
 _INT64_SAFE = 1 << 62
+# data descriptors of torch.Tensor / nn.Parameter: setattr on them is not a plain store
+# (tests/differential checks this list against torch)
+TENSOR_DESCRIPTORS = frozenset("""
+H T __class__ __cuda_array_interface__ __dict__ __weakref__ _backward_hooks _base _cdata _grad
+_grad_fn _has_symbolic_sizes_strides _post_accumulate_grad_hooks _python_dispatch _version data device
+dtype grad grad_dtype grad_fn imag is_cpu is_cuda is_ipu is_leaf is_maia is_meta is_mkldnn is_mps is_mtia
+is_nested is_quantized is_sparse is_sparse_csr is_vulkan is_xla is_xpu itemsize layout mH mT name nbytes
+ndim output_nr real requires_grad retains_grad shape volatile""".split())
+_QDTYPES = frozenset(("qint8", "quint8", "qint32", "quint4x2", "quint2x4"))
 
 
 class Fail(Exception):
@@ -199,7 +208,8 @@ def _arity(name: str, args: tuple[Any, ...], names: tuple[str, ...], optional: i
                    f"but {n} {verb} given")
 
 
-def _check_view(st: StorageInfo, itemsize: int, offset: Any, size: Any, stride: Any) -> tuple[int, ...]:
+def _check_view(st: StorageInfo, itemsize: int, offset: Any, size: Any, stride: Any, *,
+                quantized: bool = False) -> tuple[int, ...]:
     """`Tensor.set_(storage, offset, size, stride)` on a non-resizable storage (FORMATS.md §2.6)."""
     shape, strides = _int_seq(size), _int_seq(stride)
     if not _is_int(offset) or shape is None or strides is None or abs(offset) >= _INT64_SAFE:
@@ -226,8 +236,16 @@ def _check_view(st: StorageInfo, itemsize: int, offset: Any, size: Any, stride: 
     if extent * itemsize > st.nbytes:
         if st.resizable:
             raise unmodelled("view past the end of a resizable (legacy) storage")
+        if quantized:  # QTensorImpl's set_storage checks bounds itself
+            raise Fail("RuntimeError", f"setStorage: sizes {_arr(shape)}, strides {_arr(strides)}, storage "
+                       f"offset {offset}, and itemsize {itemsize} requiring a storage size of "
+                       f"{extent * itemsize} are out of bounds for storage of size {st.nbytes}")
         raise Fail("RuntimeError", "Trying to resize storage that is not resizable")
     return shape
+
+
+def _arr(values: tuple[int, ...]) -> str:
+    return "[" + ", ".join(map(str, values)) + "]"
 
 
 def _requires_grad(rg: Any, dtype: str, message: str) -> bool:
@@ -319,10 +337,135 @@ def _rebuild_parameter(func: Global, args: tuple[Any, ...], so: StorageOf, opcod
             raise Fail("RuntimeError", "Only Tensors of floating point and complex dtype can require "
                        "gradients")
         raise unmodelled(f"requires_grad on dtype {dtype}")
-    if with_state and not (isinstance(args[3], dict) and all(isinstance(k, str) for k in args[3])):
-        raise unmodelled("_rebuild_parameter_with_state state that is not a dict of str keys")
+    if with_state:
+        _set_obj_state(args[3], so)
     return _tensor("torch.nn.parameter.Parameter", dtype, data.attrs.get("shape"), func, args,
                    opcode, off, rg)
+
+
+def _set_obj_state(state: Any, so: StorageOf) -> None:
+    """torch._utils._set_obj_state: setattr for each item of the dict (and slots) state."""
+    if isinstance(state, tuple):
+        if len(state) != 2:
+            raise unmodelled("an invalid serialized state tuple")
+        parts = list(state)
+    else:
+        parts = [state]
+    for part in parts:
+        if part is None or part == {} or part == () or part is False or part == 0:
+            continue
+        if not isinstance(part, dict):
+            raise unmodelled("an object state that is not a dict")
+        for k in part:
+            if not isinstance(k, str):
+                raise Fail("TypeError", f"attribute name must be string, not '{type_name(k, so)}'")
+            if k in TENSOR_DESCRIPTORS or k.startswith("__"):
+                raise unmodelled(f"setting tensor attribute {k!r}")
+
+
+def _is_tensor(v: Any, dtypes: frozenset[str] | None = None) -> bool:
+    return (isinstance(v, Call) and v.attrs.get("type") == "torch.Tensor"
+            and (dtypes is None or v.attrs.get("dtype") in dtypes))
+
+
+def _rebuild_from_type_v2(func: Global, args: tuple[Any, ...], so: StorageOf, opcode: str,
+                          off: int) -> Call:
+    _arity("_rebuild_from_type_v2", args, ("func", "new_type", "args", "state"))
+    inner, new_type, inner_args, state = args
+    if not isinstance(inner, Global) or inner.full not in _MODELS:
+        raise unmodelled("_rebuild_from_type_v2 of a callable that is not a modelled rebuilder")
+    ret = call_allowed(inner, inner_args, so, opcode, off)
+    if not isinstance(new_type, Global):
+        raise unmodelled("_rebuild_from_type_v2 with a new_type that is not a global")
+    if new_type.full == "torch.Tensor" and ret.attrs.get("type") == "torch.Tensor":
+        _set_obj_state(state, so)
+        t = "torch.Tensor"
+    elif new_type.full not in ALLOWED_CLASSES and not new_type.full.startswith("torch."):
+        # a user-allowlisted Tensor subclass: its __setstate__ is the user's business
+        if ret.attrs.get("type") != "torch.Tensor":
+            raise unmodelled("_rebuild_from_type_v2 of a non-tensor result")
+        t = new_type.full
+    else:
+        raise unmodelled(f"_rebuild_from_type_v2 to {new_type.full}")
+    c = Call(func, args, opcode, off)
+    c.attrs.update(ret.attrs)
+    c.attrs["type"] = t
+    return c
+
+
+def _rebuild_qtensor(func: Global, args: tuple[Any, ...], so: StorageOf, opcode: str, off: int) -> Call:
+    _arity("_rebuild_qtensor", args, ("storage", "storage_offset", "size", "stride", "quantizer_params",
+                                      "requires_grad", "backward_hooks"))
+    st = _storage_arg(args[0], so, "dtype")
+    q = args[4]
+    if not isinstance(q, tuple) or not q or not isinstance(q[0], Global):
+        raise unmodelled("_rebuild_qtensor with odd qparams")
+    scheme = q[0].full
+    shape = _int_seq(args[2])
+    if shape is None:
+        raise unmodelled("_rebuild_qtensor size")
+    if scheme == "torch.per_tensor_affine" and len(q) == 3 and isinstance(q[1], float) and _is_int(q[2]):
+        if st.dtype not in _QDTYPES and st.dtype in ITEMSIZE and all(x >= 0 for x in shape):
+            raise Fail("RuntimeError", "Creation of quantized tensor requires quantized dtype like "
+                       "torch.quint8")
+    elif scheme == "torch.per_channel_affine" and len(q) == 4 and _is_int(q[3]):
+        axis = q[3]
+        if not 0 <= axis < len(shape):
+            raise Fail("ValueError", f"_rebuild_qtensor: per_channel axis {axis} out of range for size "
+                       f"{shape}")
+        scales, zps = q[1], q[2]
+        if not (_is_tensor(scales, frozenset(("float64",))) and _is_tensor(zps, frozenset(("int64",)))):
+            raise unmodelled("per-channel qparams that are not float64/int64 tensors")
+        ns, nz = _numel(scales.attrs.get("shape")), _numel(zps.attrs.get("shape"))
+        if ns is None or nz is None or len(scales.attrs["shape"]) != 1 or len(zps.attrs["shape"]) != 1:
+            raise unmodelled("per-channel qparams of odd shape")
+        if ns != shape[axis] or nz != shape[axis]:
+            raise Fail("ValueError", "_rebuild_qtensor: per_channel scales/zero_points length must equal "
+                       f"size[axis]={shape[axis]}, got scales={ns}, zero_points={nz}")
+    else:
+        raise unmodelled(f"_rebuild_qtensor with qscheme {scheme}")
+    if any(x < 0 for x in shape) or args[5] is not False or st.dtype not in _QDTYPES:
+        raise unmodelled("_rebuild_qtensor with negative sizes, requires_grad or a non-q storage")
+    shape = _check_view(st, ITEMSIZE[st.dtype], args[1], args[2], args[3], quantized=True)
+    return _tensor("torch.Tensor", st.dtype, shape, func, args, opcode, off)
+
+
+def _numel(shape: Any) -> int | None:
+    if not isinstance(shape, tuple):
+        return None
+    n = 1
+    for x in shape:
+        n *= x
+    return n
+
+
+def _rebuild_sparse_tensor(func: Global, args: tuple[Any, ...], so: StorageOf, opcode: str,
+                           off: int) -> Call:
+    _arity("_rebuild_sparse_tensor", args, ("layout", "data"))
+    layout, data = args
+    kind = layout.attrs.get("value") if isinstance(layout, Call) and layout.attrs.get(
+        "type") == "torch.layout" else None
+    if kind == "torch.sparse_coo" and isinstance(data, tuple) and len(data) == 4:
+        indices, values, size, coalesced = data
+        dims = _int_seq(size)
+        if (_is_tensor(indices, frozenset(("int64",))) and _is_tensor(values) and dims is not None
+                and isinstance(coalesced, bool)):
+            ishape, vshape = indices.attrs.get("shape"), values.attrs.get("shape")
+            if (isinstance(ishape, tuple) and isinstance(vshape, tuple) and len(ishape) == 2
+                    and len(vshape) >= 1 and vshape[0] == ishape[1]
+                    and len(dims) == ishape[0] + len(vshape) - 1 and tuple(dims[ishape[0]:]) == vshape[1:]
+                    and all(d >= 0 for d in dims)):
+                return _tensor("torch.Tensor", values.attrs.get("dtype"), dims, func, args, opcode, off)
+    raise unmodelled("a sparse tensor of this layout/shape")
+
+
+def _rebuild_meta(func: Global, args: tuple[Any, ...], so: StorageOf, opcode: str, off: int) -> Call:
+    _arity("_rebuild_meta_tensor_no_storage", args, ("dtype", "size", "stride", "requires_grad"))
+    dtype, size, stride = _dtype_of(args[0]), _int_seq(args[1]), _int_seq(args[2])
+    if (dtype is None or size is None or stride is None or len(size) != len(stride)
+            or any(x < 0 for x in size + stride) or args[3] is not False):
+        raise unmodelled("_rebuild_meta_tensor_no_storage with these arguments")
+    return _tensor("torch.Tensor", dtype, size, func, args, opcode, off)
 
 
 def _simple(type_: str, **attrs: Any) -> Callable[[Global, tuple[Any, ...], StorageOf, str, int], Call]:
@@ -465,7 +608,12 @@ _MODELS: dict[str, _Model] = {
     "torch.Size": _size,
     "torch.device": _device,
     "torch.serialization._get_layout": _get_layout,
+    "torch._tensor._rebuild_from_type_v2": _rebuild_from_type_v2,
+    "torch._utils._rebuild_qtensor": _rebuild_qtensor,
+    "torch._utils._rebuild_sparse_tensor": _rebuild_sparse_tensor,
+    "torch._utils._rebuild_meta_tensor_no_storage": _rebuild_meta,
 }
+ALLOWED_CLASSES = frozenset(CLASSES) | TENSOR_TYPE_GLOBALS
 
 
 def call_allowed(func: Global, args: Any, storage_of: StorageOf, opcode: str, offset: int) -> Call:

@@ -19,6 +19,7 @@ import pytest
 from core.weights_only import TorchError, emulate, unsafe_globals
 from tests.core.weights_only.cases import CASES, Case
 from tests.core.weights_only.oracle import run_oracle, write_zip, zip_records
+from tests.core.weights_only.subclass import MyTensor
 
 pytestmark = pytest.mark.torch
 torch = pytest.importorskip("torch")
@@ -48,9 +49,7 @@ class Records:
 
 
 # Cases where the emulator is allowed to answer "Unmodelled" (never "loadable")
-UNMODELLED = {"save:quantized", "save:sparse", "save:subclass", "save:tensor-attr", "save:param-attr",
-              "save:sparse-csr", "save:qchannel", "save:njt", "save:namespace-allowed",
-              "save:meta", "newobj:list", "reduce:dict", "reduce:tuple"}
+UNMODELLED = {"save:sparse-csr"}
 
 
 class _MyT(torch.Tensor):
@@ -101,6 +100,7 @@ def _saved_cases(tmp: Path) -> list[Case]:
         "sparse": torch.ones(2, 2).to_sparse(),
         "sparse-csr": torch.ones(2, 2).to_sparse_csr(),
         "subclass": torch.ones(2).as_subclass(_MyT),
+        "subclass-allowed": torch.ones(2).as_subclass(MyTensor),
         "namespace": argparse.Namespace(a=1),
         "namespace-allowed": argparse.Namespace(a=1),
         "numpy": np.arange(3),
@@ -113,7 +113,8 @@ def _saved_cases(tmp: Path) -> list[Case]:
         buf = io.BytesIO()
         torch.save(obj, buf)
         pkl, recs = zip_records_from_bytes(buf.getvalue(), tmp / f"save-{name}.pt")
-        allow = ["argparse.Namespace"] if name == "namespace-allowed" else []
+        allow = {"namespace-allowed": ["argparse.Namespace"],
+                 "subclass-allowed": ["tests.core.weights_only.subclass.MyTensor"]}.get(name, [])
         out.append(Case(f"save:{name}", pkl, recs, allow))
     return out
 
@@ -140,7 +141,8 @@ ALL_NAMES = [c.name for c in CASES] + [f"save:{n}" for n in (
     "state_dict", "nested", "bytes", "bytes-empty", "bytearray", "set", "frozenset", "complex", "param",
     "param-attr", "tensor-attr", "dtype", "torch.float", "device", "size", "layout", "qscheme",
     "dtypes-all", "v3", "int-tensors", "empty-tensor", "scalar", "conj", "ordered", "counter",
-    "quantized", "qchannel", "sparse", "sparse-csr", "subclass", "namespace", "namespace-allowed",
+    "quantized", "qchannel", "sparse", "sparse-csr", "subclass", "subclass-allowed", "namespace",
+    "namespace-allowed",
     "numpy", "meta", "slice", "range")]
 
 
@@ -180,3 +182,30 @@ def test_oracle_baseline_is_fresh_import(tmp_path: Path) -> None:
     jobs = [{"path": str(path), "mode": "unsafe"}]
     assert run_oracle(jobs, tmp_path)[0]["ok"]
     assert len(names) == 4
+
+
+def test_tensor_descriptor_list_matches_torch() -> None:
+    """setattr on these is not a plain store; the emulator refuses to model it."""
+    import inspect
+
+    from core.torch_rebuild import TENSOR_DESCRIPTORS
+
+    names = set()
+    for cls in (torch.Tensor, torch.nn.Parameter):
+        for k in dir(cls):
+            v = inspect.getattr_static(cls, k)
+            if hasattr(type(v), "__set__") or hasattr(type(v), "__delete__"):
+                names.add(k)
+    assert names == TENSOR_DESCRIPTORS
+
+
+def test_allowed_globals_match_torch() -> None:
+    from torch._weights_only_unpickler import _get_allowed_globals
+
+    from core.torch_rebuild import global_kind
+    from core.weights_only import ALLOWED_GLOBALS
+
+    allowed = _get_allowed_globals()
+    assert set(allowed) == ALLOWED_GLOBALS
+    for name, obj in allowed.items():
+        assert f"<class '{global_kind(name)}'>" == str(type(obj)), name

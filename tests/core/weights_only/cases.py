@@ -269,3 +269,48 @@ add("call:qscheme", pk(g("torch.per_tensor_affine"), "EMPTY_TUPLE", "REDUCE"))
 add("call:storagetype", pk(g("torch.FloatStorage"), "EMPTY_TUPLE", "REDUCE"))
 add("call:args-int", pk(g("torch.serialization._get_layout"), *i(5), "REDUCE"))
 add("call:args-none-od", pk(g("collections.OrderedDict"), "NONE", "REDUCE"))
+
+# composite rebuilders and object state
+QS = "torch.QUInt8Storage"
+
+
+def qt(params: Items, size: tuple[int, ...] = (4,)) -> Items:
+    return call("torch._utils._rebuild_qtensor", pid(QS, numel=4), i(0), ints(size), ints((1,) * len(size)
+                                                                                             if size else ()),
+                params, ["NEWFALSE"], od())
+
+
+add("qtensor:ok", pk(*qt(["MARK", g("torch.per_tensor_affine"), ("BINFLOAT", 0.5), *i(3), "TUPLE"])),
+    {"data/0": b"\0" * 4})
+add("qtensor:bounds", pk(*qt(["MARK", g("torch.per_tensor_affine"), ("BINFLOAT", 0.5), *i(3), "TUPLE"],
+                             size=(5,))), {"data/0": b"\0" * 4})
+add("qtensor:axis", pk(*qt(["MARK", g("torch.per_channel_affine"), "NONE", "NONE", *i(3), "TUPLE"])),
+    {"data/0": b"\0" * 4})
+add("qtensor:float-storage", pk(*call("torch._utils._rebuild_qtensor", pid(), i(0), ints((4,)), ints((1,)),
+                                      ["MARK", g("torch.per_tensor_affine"), ("BINFLOAT", 0.5), *i(3),
+                                       "TUPLE"], ["NEWFALSE"], od())), {"data/0": F16})
+add("meta:ok", pk(*call("torch._utils._rebuild_meta_tensor_no_storage", [g("torch.float32")], ints((2, 3)),
+                        ints((3, 1)), ["NEWFALSE"])))
+add("from_type:attr", pk(*call("torch._tensor._rebuild_from_type_v2", [g("torch._utils._rebuild_tensor_v2")],
+                               [g("torch.Tensor")],
+                               ["MARK", *pid(), *i(0), *ints((4,)), *ints((1,)), "NEWFALSE", *od(), "TUPLE"],
+                               ["EMPTY_DICT", *s("extra"), *i(1), "SETITEM"])), {"data/0": F16})
+add("from_type:int-attr", pk(*call("torch._tensor._rebuild_from_type_v2",
+                                   [g("torch._utils._rebuild_tensor_v2")], [g("torch.Tensor")],
+                                   ["MARK", *pid(), *i(0), *ints((4,)), *ints((1,)), "NEWFALSE", *od(),
+                                    "TUPLE"],
+                                   ["EMPTY_DICT", *i(5), *i(1), "SETITEM"])), {"data/0": F16})
+add("from_type:bounds", pk(*call("torch._tensor._rebuild_from_type_v2",
+                                 [g("torch._utils._rebuild_tensor_v2")], [g("torch.Tensor")],
+                                 ["MARK", *pid(), *i(0), *ints((9,)), *ints((1,)), "NEWFALSE", *od(),
+                                  "TUPLE"], ["NONE"])), {"data/0": F16})
+add("param_state:int-attr", pk(*call("torch._utils._rebuild_parameter_with_state", v2(pid()), ["NEWFALSE"],
+                                     od(), ["EMPTY_DICT", *i(5), *i(1), "SETITEM"])), {"data/0": F16})
+add("param_state:ok", pk(*call("torch._utils._rebuild_parameter_with_state", v2(pid()), ["NEWFALSE"],
+                               od(), ["EMPTY_DICT", *s("note"), *s("x"), "SETITEM"])), {"data/0": F16})
+add("sparse:ok", pk(*call("torch._utils._rebuild_sparse_tensor",
+                          call("torch.serialization._get_layout", s("torch.sparse_coo")),
+                          ["MARK", *v2(pid("torch.LongStorage", numel=2), size=(1, 2), stride=(2, 1)),
+                           *v2(pid(key="1", numel=2), size=(2,)), *call("torch.Size", ints((3,))),
+                           "NEWFALSE", "TUPLE"])),
+    {"data/0": F16, "data/1": b"\0" * 8})
