@@ -20,6 +20,7 @@ from core.dtypes import ITEMSIZE, storage_dtype
 from core.errors import Code
 from core.fastpath import Decline, FastResult, check_rebuild, fast_load
 from core.names import python_map
+from core.report import WeightsOnly
 from core.threats import assess
 from core.values import Global, PersId
 from core.vm import GlobalUse, VmResult, run_vm
@@ -29,8 +30,11 @@ from core.weights_only import (
     BLOCKED_MODULES,
     StorageResolver,
     StorageUse,
+    TorchError,
     WeightsOnlyResult,
     emulate,
+    safe_globals_hint,
+    unsafe_globals,
 )
 
 
@@ -164,3 +168,27 @@ def _inspect_trailing(data: bytes, pos: int, an: Analysis, *, record: str | None
         an.add(Code.PICKLE_TRAILING_DATA, f"{rest} bytes after STOP", record=record,
                offset=base_offset + pos)
         return
+
+
+def first_line(text: str) -> str:
+    """The first line of a message ("" stays "": torch raises a bare EOFError)."""
+    return text.split("\n", 1)[0]
+
+
+def set_weights_only(an: Analysis, error: TorchError | None, pickle_data: bytes | None) -> None:
+    """Record torch's weights-only outcome in the report (+ a finding when it refuses).
+
+    `pickle_data` is the main pickle, for the `get_unsafe_globals_in_checkpoint` list.
+    """
+    listed = unsafe_globals(pickle_data, an.options.allow) if pickle_data else []
+    benign = sorted(g.full for g in an.globals.values() if g.status == "benign")
+    an.weights_only = WeightsOnly(
+        loadable=error is None,
+        error=first_line(error.message) if error else None,
+        error_type=error.type if error else None,
+        unsafe_globals=listed if isinstance(listed, list) else [],
+        safe_globals_hint=safe_globals_hint(benign) if benign else None,
+    )
+    if error is not None:
+        message = first_line(error.message) or error.type
+        an.add(Code.TORCH_WEIGHTS_ONLY_FAILED, f"{error.type}: {message}", offset=error.offset)

@@ -20,12 +20,11 @@ from core.dtypes import ITEMSIZE, storage_dtype
 from core.errors import CkptError, Code
 from core.names import torch_map
 from core.offsets import chain_storage_offsets, verify_chain
-from core.pickle_scan import scan_pickle
-from core.report import WeightsOnly
+from core.pickle_scan import scan_pickle, set_weights_only
 from core.source import ByteSource
 from core.tensors import StorageSite, build_manifest
 from core.values import Global, PersId
-from core.weights_only import TorchError, safe_globals_hint, unsafe_globals
+from core.weights_only import TorchError
 from core.zipcheck import check_archive
 from core.zipdir import LocalHeader, ZipDirectory, ZipEntry, read_local_headers, read_record
 
@@ -102,7 +101,7 @@ def analyze_zip(source: ByteSource, directory: ZipDirectory, an: Analysis) -> No
     if pkl_entry is None:
         err = torch_error or missing_record_error("data.pkl")
         an.add(Code.TORCH_MISSING_RECORD, "no data.pkl record", record=f"{prefix}/data.pkl")
-        _set_weights_only(an, err, [])
+        set_weights_only(an, err, None)
         return
     pkl_name = pkl_entry.name
     data = read_record(source, directory, pkl_name)
@@ -123,7 +122,7 @@ def analyze_zip(source: ByteSource, directory: ZipDirectory, an: Analysis) -> No
         _flag_unreferenced(directory, prefix, {k for k, _ in storages}, an)
     if meta.get("byteorder") == b"big":
         an.add(Code.TORCH_BIG_ENDIAN, "storages are big-endian", record=f"{prefix}/byteorder")
-    _set_weights_only(an, torch_error or scan.weights_only.error, data)
+    set_weights_only(an, torch_error or scan.weights_only.error, data)
 
 
 def check_generic_zip(source: ByteSource, directory: ZipDirectory, an: Analysis) -> None:
@@ -276,18 +275,3 @@ def _flag_unreferenced(directory: ZipDirectory, prefix: str, keys: set[str], an:
             continue
         an.add(Code.TORCH_UNREFERENCED_RECORD, f"record {ent.name!r} is not referenced by the pickle",
                record=ent.name, offset=ent.header_offset)
-
-
-def _set_weights_only(an: Analysis, error: TorchError | None, data: bytes) -> None:
-    listed = unsafe_globals(data, an.options.allow) if data else []
-    benign = sorted(g.full for g in an.globals.values() if g.status == "benign")
-    an.weights_only = WeightsOnly(
-        loadable=error is None,
-        error=error.message.splitlines()[0] if error else None,
-        error_type=error.type if error else None,
-        unsafe_globals=listed if isinstance(listed, list) else [],
-        safe_globals_hint=safe_globals_hint(benign) if benign else None,
-    )
-    if error is not None:
-        an.add(Code.TORCH_WEIGHTS_ONLY_FAILED, error.message.splitlines()[0],
-               offset=error.offset)
