@@ -251,23 +251,24 @@ class _Machine:
         max_memo = lim.max_memo_entries
         key = hashable_key
 
-        def check_len(pos: int, size: int, what: str) -> None:
+        def check_len(pos: int, hdr: int, size: int, what: str) -> None:
             # Hard rule 2: bound a declared length against the cap and the data before slicing.
+            # `pos` follows the opcode byte, the payload follows an `hdr`-byte length field.
             if size > max_str:
-                raise LimitExceeded(Code.LIMIT_STRING, f"{what} of {size} bytes", offset=base + pos)
-            if pos + size > n:
+                raise LimitExceeded(Code.LIMIT_STRING, f"{what} of {size} bytes", offset=base + pos - 1)
+            if pos + hdr + size > n:
                 raise FormatError(Code.PICKLE_TRUNCATED, f"{what} of {size} bytes runs past the end",
-                                  offset=base + pos)
+                                  offset=base + pos - 1)
 
-        def readline(pos: int) -> int:
-            """Index of the newline ending the text argument at `pos`."""
+        def readline(pos: int, op_pos: int) -> int:
+            """Index of the newline ending the text argument at `pos` of the opcode at `op_pos`."""
             end = find(b"\n", pos)
             if end < 0:
                 raise FormatError(Code.PICKLE_TRUNCATED, "text argument without newline",
-                                  offset=base + pos)
+                                  offset=base + op_pos)
             if end - pos > max_str:
                 raise LimitExceeded(Code.LIMIT_STRING, f"text argument of {end - pos} bytes",
-                                    offset=base + pos)
+                                    offset=base + op_pos)
             return end
 
         def pop_mark(pos: int) -> list[Any]:
@@ -343,7 +344,7 @@ class _Machine:
 
         def op_long1(pos: int) -> int:
             size = data[pos]
-            check_len(pos + 1, size, "LONG1")
+            check_len(pos, 1, size, "LONG1")
             push(int.from_bytes(data[pos + 1:pos + 1 + size], "little", signed=True))
             return pos + 1 + size
 
@@ -352,7 +353,7 @@ class _Machine:
             if size < 0:
                 raise FormatError(Code.PICKLE_MALFORMED, "LONG4 with negative byte count",
                                   offset=base + pos - 1)
-            check_len(pos + 4, size, "LONG4")
+            check_len(pos, 4, size, "LONG4")
             push(int.from_bytes(data[pos + 4:pos + 4 + size], "little", signed=True))
             return pos + 4 + size
 
@@ -361,23 +362,23 @@ class _Machine:
             return pos + 8
 
         def op_int(pos: int) -> int:
-            end = readline(pos)
+            end = readline(pos, pos - 1)
             push(decode_int_line(data[pos:end], offset=base + pos - 1))
             return end + 1
 
         def op_long(pos: int) -> int:
-            end = readline(pos)
+            end = readline(pos, pos - 1)
             push(decode_long_line(data[pos:end], offset=base + pos - 1))
             return end + 1
 
         def op_float(pos: int) -> int:
-            end = readline(pos)
+            end = readline(pos, pos - 1)
             push(decode_float_line(data[pos:end], offset=base + pos - 1))
             return end + 1
 
         # ---- strings and bytes ----
         def op_string(pos: int) -> int:
-            end = readline(pos)
+            end = readline(pos, pos - 1)
             push(decode_string_line(data[pos:end], offset=base + pos - 1))
             return end + 1
 
@@ -386,48 +387,48 @@ class _Machine:
             if size < 0:
                 raise FormatError(Code.PICKLE_MALFORMED, "BINSTRING with negative length",
                                   offset=base + pos - 1)
-            check_len(pos + 4, size, "BINSTRING")
+            check_len(pos, 4, size, "BINSTRING")
             push(decode_py2_str(data[pos + 4:pos + 4 + size]))
             return pos + 4 + size
 
         def op_short_binstring(pos: int) -> int:
             size = data[pos]
-            check_len(pos + 1, size, "SHORT_BINSTRING")
+            check_len(pos, 1, size, "SHORT_BINSTRING")
             push(decode_py2_str(data[pos + 1:pos + 1 + size]))
             return pos + 1 + size
 
         def op_short_binbytes(pos: int) -> int:
             size = data[pos]
-            check_len(pos + 1, size, "SHORT_BINBYTES")
+            check_len(pos, 1, size, "SHORT_BINBYTES")
             push(data[pos + 1:pos + 1 + size])
             return pos + 1 + size
 
         def op_binbytes(pos: int) -> int:
             size: int = _U32(data, pos)[0]
-            check_len(pos + 4, size, "BINBYTES")
+            check_len(pos, 4, size, "BINBYTES")
             push(data[pos + 4:pos + 4 + size])
             return pos + 4 + size
 
         def op_binbytes8(pos: int) -> int:
             size: int = _U64(data, pos)[0]
-            check_len(pos + 8, size, "BINBYTES8")
+            check_len(pos, 8, size, "BINBYTES8")
             push(data[pos + 8:pos + 8 + size])
             return pos + 8 + size
 
         def op_bytearray8(pos: int) -> int:
             size: int = _U64(data, pos)[0]
-            check_len(pos + 8, size, "BYTEARRAY8")
+            check_len(pos, 8, size, "BYTEARRAY8")
             push(bytearray(data[pos + 8:pos + 8 + size]))
             return pos + 8 + size
 
         def op_unicode(pos: int) -> int:
-            end = readline(pos)
+            end = readline(pos, pos - 1)
             push(decode_unicode_line(data[pos:end], offset=base + pos - 1))
             return end + 1
 
         def op_short_binunicode(pos: int) -> int:
             size = data[pos]
-            check_len(pos + 1, size, "SHORT_BINUNICODE")
+            check_len(pos, 1, size, "SHORT_BINUNICODE")
             push(str(data[pos + 1:pos + 1 + size], "utf-8", "surrogatepass"))
             return pos + 1 + size
 
@@ -435,13 +436,13 @@ class _Machine:
             size: int = _U32(data, pos)[0]
             end = pos + 4 + size
             if end > n or size > max_str:
-                check_len(pos + 4, size, "BINUNICODE")
+                check_len(pos, 4, size, "BINUNICODE")
             push(str(data[pos + 4:end], "utf-8", "surrogatepass"))
             return end
 
         def op_binunicode8(pos: int) -> int:
             size: int = _U64(data, pos)[0]
-            check_len(pos + 8, size, "BINUNICODE8")
+            check_len(pos, 8, size, "BINUNICODE8")
             push(str(data[pos + 8:pos + 8 + size], "utf-8", "surrogatepass"))
             return pos + 8 + size
 
@@ -577,7 +578,7 @@ class _Machine:
             return pos + 4
 
         def op_put(pos: int) -> int:
-            end = readline(pos)
+            end = readline(pos, pos - 1)
             put(pos, decode_index_line(data[pos:end], offset=base + pos - 1))
             return end + 1
 
@@ -594,14 +595,14 @@ class _Machine:
             return pos + 4
 
         def op_get(pos: int) -> int:
-            end = readline(pos)
+            end = readline(pos, pos - 1)
             push(memo[decode_index_line(data[pos:end], offset=base + pos - 1)])
             return end + 1
 
         # ---- globals, calls, persistent ids ----
         def op_global(pos: int) -> int:
-            mid = readline(pos)
-            end = readline(mid + 1)
+            mid = readline(pos, pos - 1)
+            end = readline(mid + 1, pos - 1)
             module = vm.decode_name(data[pos:mid], "utf-8", "GLOBAL", pos - 1)
             name = vm.decode_name(data[mid + 1:end], "utf-8", "GLOBAL", pos - 1)
             push(vm.add_global(module, name, "GLOBAL", pos - 1))
@@ -619,8 +620,8 @@ class _Machine:
             return pos
 
         def op_inst(pos: int) -> int:
-            mid = readline(pos)
-            end = readline(mid + 1)
+            mid = readline(pos, pos - 1)
+            end = readline(mid + 1, pos - 1)
             module = vm.decode_name(data[pos:mid], "ascii", "INST", pos - 1)
             name = vm.decode_name(data[mid + 1:end], "ascii", "INST", pos - 1)
             args = tuple(pop_mark(pos))
@@ -669,7 +670,7 @@ class _Machine:
             return pos
 
         def op_persid(pos: int) -> int:
-            end = readline(pos)
+            end = readline(pos, pos - 1)
             try:
                 pid = data[pos:end].decode("ascii")
             except UnicodeDecodeError as exc:

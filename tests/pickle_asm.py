@@ -40,7 +40,7 @@ def op(name: str) -> bytes:
 
 def _line(value: Any, fmt: str = "{}") -> bytes:
     if isinstance(value, str):
-        return value.encode("latin-1") + b"\n"
+        return value.encode("utf-8") + b"\n"       # what pickle writes for GLOBAL names
     if isinstance(value, bytes):
         return value + b"\n"
     return fmt.format(value).encode("ascii") + b"\n"
