@@ -489,7 +489,8 @@ class _Emulator:
         elif isinstance(storage_type, Global) and storage_type.full in STORAGE_GLOBALS:
             dtype, st_name = STORAGE_DTYPE[storage_type.name], storage_type.full
         elif isinstance(storage_type, Global) and storage_type.full == "torch.storage.UntypedStorage":
-            raise self.fail("AttributeError", "type object 'UntypedStorage' has no attribute 'dtype'")
+            raise self.fail("AttributeError",
+                            "type object 'torch.storage.UntypedStorage' has no attribute 'dtype'")
         elif storage_type is None or isinstance(storage_type, (bool, int, float, str, tuple, list, dict)):
             raise self.fail("AttributeError",
                             f"'{self.tname(storage_type)}' object has no attribute 'dtype'")

@@ -209,3 +209,110 @@ def test_allowed_globals_match_torch() -> None:
     assert set(allowed) == ALLOWED_GLOBALS
     for name, obj in allowed.items():
         assert f"<class '{global_kind(name)}'>" == str(type(obj)), name
+
+
+# -- legacy (non-zip) streams: magic, protocol, sys_info, main object (FORMATS.md §4.1) -----
+
+def _legacy_pickles(data: bytes) -> list[tuple[int, Any]]:
+    """(start, emulate result) for the four leading pickles of a legacy stream."""
+    out = []
+    pos = 0
+    for _ in range(4):
+        res = emulate(memoryview(data)[pos:], legacy=True, base_offset=pos)
+        out.append((pos, res))
+        if not res.loadable:
+            break
+        pos += res.end
+    return out
+
+
+def _legacy_saved() -> dict[str, bytes]:
+    import argparse
+
+    objs: dict[str, Any] = {
+        "state_dict": torch.nn.Linear(3, 2).state_dict(),
+        "tensors": [torch.arange(6.0).view(2, 3)[1], torch.zeros(2, dtype=torch.int64), torch.ones(0)],
+        "param": torch.nn.Parameter(torch.ones(2)),
+        "uint16": torch.zeros(2, dtype=torch.uint16),
+        "namespace": argparse.Namespace(a=1),
+        "plain": {"a": [1, 2.5, "x", None, True]},
+        "bytes": b"xyz",
+    }
+    out = {}
+    for name, obj in objs.items():
+        buf = io.BytesIO()
+        torch.save(obj, buf, _use_new_zipfile_serialization=False)
+        out[name] = buf.getvalue()
+    return out
+
+
+def _legacy_stream(main: bytes, storages: list[tuple[str, int, bytes]]) -> bytes:
+    """magic + protocol + sys_info + `main` + sorted keys + per key (int64 numel + data)."""
+    sys_info = {"protocol_version": 1001, "little_endian": True,
+                "type_sizes": {"short": 2, "int": 4, "long": 4}}
+    out = pickle.dumps(0x1950A86A20F9469CFC6C, protocol=2) + pickle.dumps(1001, protocol=2)
+    out += pickle.dumps(sys_info, protocol=2) + main
+    out += pickle.dumps(sorted(k for k, _, _ in storages), protocol=2)
+    for _key, numel, raw in sorted(storages):
+        out += numel.to_bytes(8, "little") + raw
+    return out
+
+
+def _legacy_handmade() -> dict[str, bytes]:
+    from tests.core.weights_only.cases import g, i, ints, od, pk, s
+
+    def lpid(st: str = "torch.FloatStorage", key: str = "k1", numel: int = 4,
+             view: list[Any] | None = None) -> list[Any]:
+        return ["MARK", *s("storage"), g(st), *s(key), *s("cpu"), *i(numel), *(view or ["NONE"]), "TUPLE",
+                "BINPERSID"]
+
+    def lv2(p: list[Any], size: tuple[int, ...] = (4,), off: int = 0) -> list[Any]:
+        return [g("torch._utils._rebuild_tensor_v2"), "MARK", *p, *i(off), *ints(size),
+                *ints((1,) * len(size)), "NEWFALSE", *od(), "TUPLE", "REDUCE"]
+
+    f16 = b"\0" * 16
+    return {
+        "ok": _legacy_stream(pk(*lv2(lpid())), [("k1", 4, f16)]),
+        "five-field": _legacy_stream(pk("MARK", *s("storage"), g("torch.FloatStorage"), *s("k1"), *s("cpu"),
+                                        *i(4), "TUPLE", "BINPERSID"), [("k1", 4, f16)]),
+        "untyped": _legacy_stream(pk(*lpid("torch.storage.UntypedStorage", numel=16)), [("k1", 16, f16)]),
+        "view": _legacy_stream(pk(*lv2(lpid(view=["MARK", *s("v1"), *i(1), *i(2), "TUPLE"]), size=(2,))),
+                               [("k1", 4, f16)]),
+        "global": _legacy_stream(pk(g("os.system")), []),
+        "int-pid": _legacy_stream(pk(*i(3), "BINPERSID"), []),
+        "negative-offset": _legacy_stream(pk(*lv2(lpid(), size=(2,), off=-1)), [("k1", 4, f16)]),
+    }
+
+
+@pytest.fixture(scope="module")
+def legacy_oracle(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[bytes, dict[str, Any]]]:
+    tmp = tmp_path_factory.mktemp("legacy")
+    streams = {f"save:{k}": v for k, v in _legacy_saved().items()}
+    streams.update({f"hand:{k}": v for k, v in _legacy_handmade().items()})
+    jobs = []
+    for n, (name, data) in enumerate(streams.items()):
+        path = tmp / f"legacy{n}.pt"
+        path.write_bytes(data)
+        jobs.append({"path": str(path), "mode": "load", "name": name})
+    results = run_oracle(jobs, tmp)
+    return {name: (data, res) for (name, data), res in zip(streams.items(), results, strict=True)}
+
+
+LEGACY_NAMES = [f"save:{n}" for n in ("state_dict", "tensors", "param", "uint16", "namespace", "plain",
+                                      "bytes")] + [f"hand:{n}" for n in (
+    "ok", "five-field", "untyped", "view", "global", "int-pid", "negative-offset")]
+
+
+@pytest.mark.parametrize("name", LEGACY_NAMES)
+def test_legacy_pickles_match_torch(legacy_oracle: dict[str, Any], name: str) -> None:
+    data, want = legacy_oracle[name]
+    results = _legacy_pickles(data)
+    last = results[-1][1]
+    if last.error is not None and last.error.type == "Unmodelled":
+        pytest.fail(f"{name}: {last.error.message} (torch: {want})")
+    if want["ok"]:
+        assert len(results) == 4 and last.loadable, (name, last.error)
+    else:
+        assert not last.loadable, (name, want)
+        assert last.error is not None
+        assert (last.error.type, last.error.wrapped()) == (want["type"], want["msg"]), (name, last.error)
