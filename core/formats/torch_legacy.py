@@ -1,0 +1,292 @@
+"""Legacy torch checkpoints: the pickled stream of `_use_new_zipfile_serialization=False`
+(FORMATS.md §4.1), and the dispatch to the pre-0.2 `.tar` layout (§4.2, core.formats.torch_tar).
+
+Strategy: torch reads five pickles back to back — magic number, protocol version,
+sys_info, the main object, the sorted storage-key list — then, per key in that list's
+order, an int64 LE element count and the storage's bytes. We read only the pickles
+region (a window that grows geometrically until each pickle reaches STOP), pass every
+pickle through `core.pickle_scan.scan_pickle` (weights-only emulation + VM + threats),
+and locate the storage blocks WITHOUT reading their data: offsets are predicted from the
+pids' sizes and all 8-byte counts are fetched with one `read_many`; a count that
+disagrees re-predicts from there. torch.load's weights_only outcome is replayed in its
+order (torch/serialization.py `_legacy_load`): tar attempt, magic, protocol, sys_info,
+main pickle, key list, then per-block size and EOF checks, in torch's words.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+from core.analysis import Analysis
+from core.dtypes import ITEMSIZE, storage_dtype
+from core.errors import Code, LimitExceeded
+from core.formats import torch_tar
+from core.formats.pickle_window import PickleWindow
+from core.names import torch_map
+from core.pickle_scan import PickleScan, scan_pickle
+from core.report import WeightsOnly
+from core.source import ByteSource
+from core.tensors import StorageSite, build_manifest
+from core.values import Call, Global, PersId
+from core.weights_only import TorchError, safe_globals_hint, unsafe_globals
+
+MAGIC_NUMBER = 0x1950A86A20F9469CFC6C
+PROTOCOL_VERSION = 1001
+COUNT = struct.Struct("<q")
+_PICKLES = ("magic number", "protocol version", "sys_info", "main object", "storage key list")
+# torch/csrc/serialization.cpp: TORCH_CHECK with printf markers it never formats; the two
+# numbers are appended as they are (file count x element size, then the storage's nbytes).
+_WRONG_SIZE = "storage has wrong byte size: expected %ld got %ld"
+_EOF = "unexpected EOF, expected {} more bytes. The file might be corrupted."
+_FIRST_WINDOW = 1 << 16     # most legacy pickles fit; the window doubles as needed
+_UNUSED_BLOCK_KEYS = 8       # findings for overwritten/missing blocks, then a summary
+
+
+def analyze(source: ByteSource, an: Analysis) -> None:
+    """Scan a legacy torch file (stream or tar) into `an`; sets `an.weights_only`.
+
+    >>> analyze(FileSource("old.pt"), an); an.format, an.storages[0].data_offset
+    ('torch-legacy', 537)
+    """
+    head = source.read_at(0, min(source.size, 512))
+    if torch_tar.is_tar(head):   # torch tries tarfile.open first (real files at offset 0)
+        an.format = "torch-tar"
+        torch_tar.analyze_tar(source, an)
+        return
+    an.format = "torch-legacy"
+    an.add(Code.TORCH_LEGACY_FORMAT, "legacy pickled-stream checkpoint (no zip container)",
+           offset=0)
+    _Stream(source, an).run()
+
+
+@dataclass(slots=True)
+class _Block:
+    """What the main pickle says about one storage key."""
+
+    key: Any
+    itemsize: int
+    nbytes: int
+
+
+class _Stream:
+    def __init__(self, source: ByteSource, an: Analysis) -> None:
+        self.source = source
+        self.an = an
+        self.error: TorchError | None = None
+
+    def fail(self, error: TorchError) -> None:
+        if self.error is None:     # torch stops at its first exception
+            self.error = error
+
+    def run(self) -> None:
+        an = self.an
+        window = PickleWindow(self.source, an.options.limits.max_pickle_bytes, first=_FIRST_WINDOW)
+        pos = 0
+        scans: list[PickleScan] = []
+        starts: list[int] = []
+        for what in _PICKLES:
+            if pos >= self.source.size:
+                self.fail(TorchError("EOFError", "", pos))
+                an.add(Code.TORCH_BAD_LEGACY_STREAM, f"the stream ends before the {what} pickle",
+                       offset=pos)
+                break
+            end = window.pickle_end(pos, an)
+            scan = scan_pickle(window.buf, an, record=None, base_offset=0, legacy=True, start=pos,
+                               check_trailing=False)
+            scans.append(scan)
+            starts.append(pos)
+            self.check(what, scan)
+            if end is None:
+                an.add(Code.TORCH_BAD_LEGACY_STREAM, f"the {what} pickle does not end", offset=pos)
+                break
+            pos = end
+        main = scans[3] if len(scans) > 3 else None
+        if len(scans) == 5 and main is not None:
+            blocks = _blocks(main)
+            keys = self.key_list(scans[4], blocks)
+            sites = self.locate(keys, blocks, pos) if keys is not None else {}
+            build_manifest(main.root, _Locator(sites), an)
+        self.finish(window.buf[starts[3]:] if main is not None else b"")
+
+    def check(self, what: str, scan: PickleScan) -> None:
+        """torch's checks on each pickle's value (serialization.py `_legacy_load`)."""
+        wo = scan.weights_only
+        if wo.error is not None:
+            self.fail(wo.error)
+            return
+        value = wo.root
+        if what == "magic number" and not (type(value) is int and value == MAGIC_NUMBER):
+            self.fail(TorchError("RuntimeError", "Invalid magic number; corrupt file?", 0))
+            self.an.add(Code.TORCH_BAD_LEGACY_STREAM, "invalid magic number", offset=0)
+        elif what == "protocol version" and not (
+                type(value) in (int, float) and value == PROTOCOL_VERSION):
+            self.fail(TorchError("RuntimeError", f"Invalid protocol version: {_py_str(value)}"))
+            self.an.add(Code.TORCH_BAD_LEGACY_STREAM, f"protocol version {_py_str(value)[:50]}")
+
+    def key_list(self, scan: PickleScan, blocks: dict[Any, _Block]) -> list[Any] | None:
+        """The storage-key list as torch iterates it; None if torch could not iterate it."""
+        value = scan.root
+        limit = self.an.options.limits.max_tensors
+        if type(value) in (list, tuple, str):
+            keys = list(value[: limit + 1])
+        elif type(value) is dict:
+            keys = list(value)[: limit + 1]
+        elif type(value) is bytes:
+            keys = list(value[: limit + 1])
+        else:
+            tname = type(value).__name__ if not isinstance(value, (Call, Global, PersId)) else None
+            self.fail(TorchError("TypeError", f"'{tname}' object is not iterable") if tname else
+                      TorchError("Unmodelled", "not modelled: iterating this storage key list"))
+            self.an.add(Code.TORCH_BAD_LEGACY_STREAM, "the storage key list is not a list")
+            return None
+        if len(keys) > limit:
+            raise LimitExceeded(Code.LIMIT_TENSORS, f"more than {limit} storage keys")
+        for key in keys:
+            if type(key) in (list, dict, set, bytearray):
+                self.fail(TorchError("TypeError", f"unhashable type: '{type(key).__name__}'"))
+                return keys[: keys.index(key)]
+            if _hashable(key) not in blocks:
+                self.fail(TorchError("AssertionError",
+                                     f"storage key {_py_repr(key)} not found in deserialized_objects"))
+                self.an.add(Code.TORCH_BAD_LEGACY_STREAM,
+                            f"storage key {_py_repr(key)[:80]} is not used by the pickle")
+                return keys[: keys.index(key)]
+        return keys
+
+    def locate(self, keys: list[Any], blocks: dict[Any, _Block], start: int) -> dict[str, StorageSite]:
+        """Offsets of every block: predicted in batches, each count read and checked."""
+        size = self.source.size
+        sites: dict[str, StorageSite] = {}
+        overwritten: list[str] = []
+        offset, i = start, 0
+        while i < len(keys):
+            spans: list[tuple[int, int]] = []
+            o = offset
+            for key in keys[i:]:
+                if o + 8 > size:
+                    break
+                spans.append((o, 8))
+                o += 8 + blocks[_hashable(key)].nbytes
+            raw = self.source.read_many(spans) if spans else []
+            for got in raw:
+                key = keys[i]
+                block = blocks[_hashable(key)]
+                (count,) = COUNT.unpack(got)
+                nbytes = count * block.itemsize
+                data_offset = offset + 8
+                ok = nbytes == block.nbytes
+                if not ok:
+                    self.fail(TorchError("RuntimeError", f"{_WRONG_SIZE}{nbytes}{block.nbytes}", offset))
+                if nbytes < 0 or data_offset + nbytes > size:
+                    missing = nbytes - (size - data_offset) if nbytes >= 0 else 0
+                    if ok:
+                        self.fail(TorchError("RuntimeError", _EOF.format(missing), data_offset))
+                    self.an.add(Code.TORCH_BAD_LEGACY_STREAM,
+                                f"storage {key} needs {nbytes} bytes at {data_offset}, past the end",
+                                offset=offset)
+                    sites[str(key)] = StorageSite(None, data_offset, max(0, size - data_offset), False)
+                    return sites
+                if str(key) in sites:
+                    overwritten.append(str(key))
+                sites[str(key)] = StorageSite(None, data_offset, nbytes, ok)
+                offset = data_offset + nbytes
+                i += 1
+                if not ok:
+                    break     # the next offsets were predicted from the wrong size
+            else:
+                if i < len(keys):   # the next count itself runs past the end
+                    self.fail(TorchError("RuntimeError", _EOF.format(offset + 8 - size), offset))
+                    self.an.add(Code.TORCH_BAD_LEGACY_STREAM,
+                                f"the stream ends before the block of storage {keys[i]}", offset=offset)
+                    return sites
+        self.report_unused(blocks, sites, overwritten, offset)
+        return sites
+
+    def report_unused(self, blocks: dict[Any, _Block], sites: dict[str, StorageSite],
+                      overwritten: list[str], end: int) -> None:
+        an = self.an
+        for key in overwritten[:_UNUSED_BLOCK_KEYS]:
+            an.add(Code.TORCH_UNREFERENCED_RECORD,
+                   f"storage {key} has two data blocks: torch overwrites the first (hidden bytes)")
+        missing = [str(b.key) for b in blocks.values() if str(b.key) not in sites]
+        for key in missing[:_UNUSED_BLOCK_KEYS]:
+            an.add(Code.TORCH_MISSING_RECORD,
+                   f"storage {key} has no data block: torch leaves it uninitialized")
+        if end < self.source.size:
+            an.add(Code.PICKLE_TRAILING_DATA,
+                   f"{self.source.size - end} bytes after the last storage block (torch ignores them)",
+                   offset=end)
+
+    def finish(self, main_data: bytes) -> None:
+        an, error = self.an, self.error
+        listed = unsafe_globals(main_data, an.options.allow) if main_data else []
+        benign = sorted(g.full for g in an.globals.values() if g.status == "benign")
+        an.weights_only = WeightsOnly(
+            loadable=error is None,
+            error=(error.message.splitlines() or [""])[0] if error else None,
+            error_type=error.type if error else None,
+            unsafe_globals=listed if isinstance(listed, list) else [],
+            safe_globals_hint=safe_globals_hint(benign) if benign else None,
+        )
+        if error is not None:
+            an.add(Code.TORCH_WEIGHTS_ONLY_FAILED,
+                   (error.message.splitlines() or [error.type])[0] or error.type,
+                   offset=error.offset)
+
+
+@dataclass(slots=True)
+class _Locator:
+    sites: dict[str, StorageSite]
+
+    def locate(self, key: str) -> StorageSite | None:
+        return self.sites.get(key)
+
+
+def _blocks(scan: PickleScan) -> dict[Any, _Block]:
+    """Storage key -> element size and byte count, from the first pid naming it (torch's cache)."""
+    out: dict[Any, _Block] = {}
+    for p in scan.vm.persids:
+        pid = p.pid
+        if type(pid) is not tuple or len(pid) < 5:
+            continue
+        tag = pid[0].decode("ascii", "replace") if type(pid[0]) is bytes else pid[0]
+        key, numel = _hashable(pid[2]), pid[4]
+        if tag != "storage" or key in out or type(numel) is not int or numel < 0:
+            continue
+        itemsize = _itemsize(pid[1])
+        out[key] = _Block(pid[2], itemsize, numel * itemsize)
+        view = pid[5] if len(pid) > 5 else None
+        if type(view) is tuple and len(view) == 3 and type(view[2]) is int and view[2] >= 0:
+            vkey = _hashable(view[0])
+            if vkey not in out:
+                out[vkey] = _Block(view[0], itemsize, view[2] * itemsize)
+    return out
+
+
+def _itemsize(storage_type: Any) -> int:
+    if type(storage_type) is not Global:
+        return 1
+    dtype = storage_dtype(*torch_map(storage_type.module, storage_type.name))
+    return ITEMSIZE[dtype] if dtype else 1     # UntypedStorage: numel counts bytes
+
+
+def _hashable(key: Any) -> Any:
+    return key if type(key) in (str, int, bytes, float, bool) or key is None else ("<node>", id(key))
+
+
+def _py_str(value: Any) -> str:
+    """`str(value)` for the plain values a pickle can hold (torch formats them into messages)."""
+    if type(value) in (str, int, float, bool) or value is None:
+        return str(value)
+    return _py_repr(value)
+
+
+def _py_repr(value: Any) -> str:
+    if type(value) in (str, int, float, bool, bytes) or value is None:
+        return repr(value)
+    if type(value) in (list, tuple) and len(value) < 32 and all(
+            type(v) in (str, int, float, bool, bytes) or v is None for v in value):
+        return repr(value)
+    return f"<{type(value).__name__}>"

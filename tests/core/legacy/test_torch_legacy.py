@@ -1,0 +1,229 @@
+"""core.formats.torch_legacy: differential against torch 2.13 on legacy streams."""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import struct
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from core.errors import Code
+from core.scan import scan_path, scan_source
+from core.source import BytesSource
+from tests.core.legacy.conftest import assert_same_outcome, legacy_bytes, stream
+from tests.pickle_asm import asm
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+
+def codes(report: Any) -> set[Code]:
+    return {f.code for f in report.findings}
+
+
+def _objects() -> dict[str, Any]:
+    import torch
+
+    a = torch.arange(12, dtype=torch.float32).view(3, 4)
+    lin = torch.nn.Linear(3, 2)
+    return {
+        "views": {"a": a, "row": a[1], "col": a[:, 2], "t": a.t()},
+        "dtypes": {str(d): torch.ones(3, dtype=d) for d in (
+            torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.int16,
+            torch.int8, torch.uint8, torch.bool, torch.complex64, torch.complex128)},
+        "state_dict": torch.nn.Sequential(lin, torch.nn.BatchNorm1d(2)).state_dict(),
+        "param": {"p": torch.nn.Parameter(torch.randn(4)), "n": 3, "s": "x"},
+        "empty": {"e": torch.empty(0), "scalar": torch.tensor(2.5)},
+        "nested": [torch.zeros(2, 2), (torch.ones(1), {"k": torch.full((2,), 7)})],
+        "uint16_bug": {"u": torch.ones(2, dtype=torch.uint16)},   # UntypedStorage pid: torch fails
+        "ordered": collections.OrderedDict(x=torch.ones(2)),
+        "model": lin,                                              # whole module: unknown globals
+    }
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("case", list(_objects()))
+def test_weights_only_outcome_matches_torch(case: str, write: Any) -> None:
+    path = write(legacy_bytes(_objects()[case]))
+    report = scan_path(path)
+    assert report.format == "torch-legacy"
+    assert_same_outcome(report, path)
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("case", ["views", "dtypes", "state_dict", "param", "empty", "nested", "ordered"])
+def test_manifest_bytes_match_torch(case: str, write: Any) -> None:
+    """Every tensor's bytes at (data_offset, nbytes) are the tensor torch loads."""
+    import torch
+
+    path = write(legacy_bytes(_objects()[case]))
+    report = scan_path(path)
+    assert report.verdict == "safe", report.findings
+    loaded = torch.load(path, weights_only=True)
+    raw = path.read_bytes()
+    assert report.tensors
+    for t in report.tensors:
+        value: Any = loaded
+        for seg in t.path:
+            value = value[seg]
+        assert list(value.shape) == t.shape and str(value.dtype).removeprefix("torch.") == t.dtype
+        if value.numel() == 0:
+            continue
+        assert t.data_offset is not None
+        first = torch.empty(1, dtype=value.dtype).copy_(value.reshape(-1)[:1]).view(torch.uint8)
+        first = first.numpy().tobytes()
+        assert raw[t.data_offset:t.data_offset + len(first)] == first
+        storage = value.untyped_storage()
+        assert t.data_offset + t.nbytes <= next(s for s in report.storages if s.key == t.storage).nbytes \
+            + next(s for s in report.storages if s.key == t.storage).data_offset
+        assert storage.nbytes() >= t.nbytes
+
+
+@pytest.mark.torch
+def test_blocks_located_without_reading_data(write: Any) -> None:
+    """A 4 MiB legacy file is judged from its pickles and 8-byte counts only."""
+    import torch
+
+    path = write(legacy_bytes({f"w{i}": torch.zeros(1 << 18) for i in range(4)}))
+    report = scan_path(path)
+    assert report.verdict == "safe" and len(report.tensors) == 4
+    assert report.io["bytes_read"] < 200_000
+    offsets = sorted(s.data_offset for s in report.storages)
+    assert [b - a for a, b in itertools.pairwise(offsets)] == [(1 << 20) + 8] * 3
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("mutate", ["count", "truncate_data", "truncate_count", "no_blocks",
+                                    "trailing", "bad_protocol", "unknown_key"])
+def test_corruptions_match_torch(mutate: str, write: Any) -> None:
+    import torch
+
+    data = bytearray(legacy_bytes({"a": torch.arange(6.0), "b": torch.ones(5, dtype=torch.half)}))
+    keys_end = len(data) - (8 + 10) - (8 + 24)      # two blocks follow the key list
+    if mutate == "count":
+        data[keys_end:keys_end + 8] = struct.pack("<q", 7)
+    elif mutate == "truncate_data":
+        del data[-3:]
+    elif mutate == "truncate_count":
+        del data[keys_end + 4:]
+    elif mutate == "no_blocks":
+        del data[keys_end:]
+    elif mutate == "trailing":
+        data += b"junk"
+    elif mutate == "bad_protocol":
+        data[15:21] = asm(("PROTO", 2), ("BININT2", 1000), "STOP")
+    elif mutate == "unknown_key":
+        pos = data.rindex(b"X", 0, keys_end)     # last BINUNICODE of the key list
+        data[pos + 5] = ord("0") if data[pos + 5] != ord("0") else ord("1")
+    path = write(bytes(data))
+    report = scan_path(path)
+    assert_same_outcome(report, path)
+    assert report.verdict != "safe"
+
+
+def test_hostile_main_pickle_is_unsafe(write: Any) -> None:
+    main = asm(("PROTO", 2), ("GLOBAL", "os", "system"), ("BINUNICODE", "true"), "TUPLE1", "REDUCE",
+               "STOP")
+    path = write(stream(main, [], []))
+    report = scan_path(path)
+    assert report.verdict == "unsafe" and Code.PICKLE_DANGEROUS_CALL in codes(report)
+    assert_same_outcome(report, path)
+
+
+@pytest.mark.parametrize("slot", ["magic", "protocol", "sys_info", "keys"])
+def test_hostile_side_pickles_are_scanned(slot: str, write: Any) -> None:
+    """The four small pickles run through the same unpickler: each is an attack surface."""
+    evil = asm(("PROTO", 2), ("GLOBAL", "subprocess", "getoutput"), ("BINUNICODE", "true"),
+               "TUPLE1", "REDUCE", "STOP")
+    main = asm(("PROTO", 2), "EMPTY_DICT", "STOP")
+    data = stream(main, [], [], **{slot: evil}) if slot != "keys" else (
+        stream(main, [], [])[: -len(asm(("PROTO", 2), "EMPTY_LIST", "STOP"))] + evil)
+    path = write(data)
+    report = scan_path(path)
+    assert report.verdict == "unsafe"
+    assert report.globals and report.globals[0].full == "subprocess.getoutput"
+    assert_same_outcome(report, path)
+
+
+def test_duplicate_key_hides_a_block(write: Any) -> None:
+    main = asm(("PROTO", 2), ("GLOBAL", "torch._utils", "_rebuild_tensor_v2"), "MARK", "MARK",
+               ("BINUNICODE", "storage"), ("GLOBAL", "torch", "ByteStorage"), ("BINUNICODE", "1"),
+               ("BINUNICODE", "cpu"), ("BININT1", 2), "NONE", "TUPLE", "BINPERSID", ("BININT1", 0),
+               ("BININT1", 2), "TUPLE1", ("BININT1", 1), "TUPLE1", "NEWFALSE",
+               ("GLOBAL", "collections", "OrderedDict"), "EMPTY_TUPLE", "REDUCE", "TUPLE", "REDUCE",
+               "STOP")
+    path = write(stream(main, ["1", "1"], [(2, b"ab"), (2, b"cd")]))
+    report = scan_path(path)
+    assert Code.TORCH_UNREFERENCED_RECORD in codes(report)
+    assert report.tensors[0].data_offset == path.stat().st_size - 2
+    assert_same_outcome(report, path)
+
+
+@pytest.mark.torch
+def test_bad_magic_number_matches_torch(write: Any) -> None:
+    """A corrupt magic is no longer sniffed as legacy; the legacy reader still says what torch says."""
+    from core.analysis import Analysis
+    from core.formats import torch_legacy
+    from tests.core.legacy.conftest import torch_outcome
+
+    magic = asm(("PROTO", 2), ("LONG1", 0x1950A86A20F9469CFC6D), "STOP")
+    path = write(stream(asm(("PROTO", 2), "EMPTY_DICT", "STOP"), [], [], magic=magic))
+    an = Analysis()
+    torch_legacy.analyze(BytesSource(path.read_bytes()), an)
+    assert an.weights_only is not None and not an.weights_only.loadable
+    assert (an.weights_only.error_type, an.weights_only.error) == torch_outcome(path)[1:]
+    assert Code.TORCH_BAD_LEGACY_STREAM in {f.code for f in an.findings}
+
+
+def test_storage_without_block(write: Any) -> None:
+    main = asm(("PROTO", 2), "MARK", ("BINUNICODE", "storage"), ("GLOBAL", "torch", "FloatStorage"),
+               ("BINUNICODE", "9"), ("BINUNICODE", "cpu"), ("BININT1", 1), "NONE", "TUPLE",
+               "BINPERSID", "STOP")
+    path = write(stream(main, [], []))
+    report = scan_path(path)
+    assert Code.TORCH_MISSING_RECORD in codes(report)
+    assert_same_outcome(report, path)
+
+
+@pytest.mark.torch
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_mutated_streams_never_crash(data: st.DataObject) -> None:
+    import torch
+
+    base = bytearray(_mutation_base())
+    for _ in range(data.draw(st.integers(1, 4))):
+        pos = data.draw(st.integers(0, len(base) - 1))
+        base[pos] = data.draw(st.integers(0, 255))
+    cut = data.draw(st.integers(16, len(base)))
+    report = scan_source(BytesSource(bytes(base[:cut])))
+    assert report.verdict in ("safe", "suspicious", "unsafe", "invalid")
+    assert not any(f.code == Code.INTERNAL_ERROR for f in report.findings), report.findings
+    del torch
+
+
+_BASE: list[bytes] = []
+
+
+def _mutation_base() -> bytes:
+    if not _BASE:
+        import torch
+
+        _BASE.append(legacy_bytes({"a": torch.arange(4.0), "b": [torch.ones(2, dtype=torch.int16)]}))
+    return _BASE[0]
+
+
+@pytest.mark.torch
+def test_numpy_view_of_manifest_reads_real_values(write: Any) -> None:
+    import torch
+
+    t = torch.linspace(0, 1, 10)
+    path = write(legacy_bytes({"t": t}))
+    entry = scan_path(path).tensors[0]
+    raw = Path(path).read_bytes()[entry.data_offset:entry.data_offset + entry.nbytes]
+    assert np.array_equal(np.frombuffer(raw, "<f4"), t.numpy())
