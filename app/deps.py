@@ -1,0 +1,68 @@
+"""FastAPI dependencies: the app's long-lived objects and the API-key check."""
+
+from __future__ import annotations
+
+import hmac
+from typing import Annotated
+
+from fastapi import Depends, Request
+
+from app.jobs import Jobs
+from app.metrics import Metrics
+from app.pipeline import ScanService
+from app.problems import AppError
+from app.settings import Settings
+from app.store import Store
+
+
+def _settings(request: Request) -> Settings:
+    settings: Settings = request.app.state.settings
+    return settings
+
+
+def _store(request: Request) -> Store:
+    store: Store = request.app.state.store
+    return store
+
+
+def _jobs(request: Request) -> Jobs:
+    jobs: Jobs = request.app.state.jobs
+    return jobs
+
+
+def _metrics(request: Request) -> Metrics:
+    metrics: Metrics = request.app.state.metrics
+    return metrics
+
+
+SettingsDep = Annotated[Settings, Depends(_settings)]
+StoreDep = Annotated[Store, Depends(_store)]
+JobsDep = Annotated[Jobs, Depends(_jobs)]
+MetricsDep = Annotated[Metrics, Depends(_metrics)]
+
+
+def require_api_key(request: Request) -> None:
+    """`Authorization: Bearer <key>` when CKPTGUARD_API_KEYS is set; constant-time compare."""
+    keys: list[str] = request.app.state.settings.api_keys
+    if not keys:
+        return
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    presented = token.strip().encode()
+    # Compare against every key (no early exit) so timing does not tell which matched.
+    ok = False
+    for key in keys:
+        ok |= hmac.compare_digest(presented, key.encode())
+    if scheme.lower() != "bearer" or not ok:
+        raise AppError("UNAUTHORIZED", 401, "a valid API key is required (Authorization: Bearer)",
+                       headers={"WWW-Authenticate": "Bearer"})
+
+
+AuthDep = Depends(require_api_key)
+
+
+def _scans(request: Request) -> ScanService:
+    scans: ScanService = request.app.state.scans
+    return scans
+
+
+ScanServiceDep = Annotated[ScanService, Depends(_scans)]

@@ -1,0 +1,122 @@
+"""The FastAPI service: `create_app(settings)` and `serve()` (what `ckptguard serve` runs).
+
+Example:
+    >>> from app.main import create_app
+    >>> from app.settings import Settings
+    >>> app = create_app(Settings(data_dir="/tmp/ckptguard"))   # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from app import logs, problems
+from app.jobs import Jobs
+from app.metrics import Metrics
+from app.pipeline import ScanService
+from app.problems import problem
+from app.routes import health, scan, scans
+from app.settings import Settings
+from app.store import Store
+from app.worker import WorkerLimits
+from core import __version__
+
+log = logging.getLogger("ckptguard.app")
+
+MiB = 1024 * 1024
+UPLOAD_PATHS = frozenset({"/scan"})   # streamed with their own cap (app/uploads.py)
+
+
+class BodyLimit:
+    """ASGI middleware: 413 for bodies over `max_bytes`, except the streamed upload route."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] in UPLOAD_PATHS:
+            await self.app(scope, receive, send)
+            return
+        for name, value in scope["headers"]:
+            if name == b"content-length" and (not value.isdigit() or int(value) > self.max_bytes):
+                await problem("PAYLOAD_TOO_LARGE", 413,
+                              f"the request body exceeds {self.max_bytes} bytes")(scope, receive, send)
+                return
+        seen = 0
+
+        async def limited() -> Message:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.max_bytes:
+                    from app.problems import AppError
+
+                    raise AppError("PAYLOAD_TOO_LARGE", 413,
+                                   f"the request body exceeds {self.max_bytes} bytes")
+            return message
+
+        await self.app(scope, limited, send)
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    """Build the service. The database and the worker pool start in the lifespan."""
+    settings = settings or Settings()
+    logs.configure(settings.log_level)
+    metrics = Metrics()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        store = await asyncio.to_thread(Store.open, settings.resolved_database_url)
+        jobs = Jobs(settings.workers,
+                    WorkerLimits(memory_bytes=settings.worker_memory_mb * MiB,
+                                 cpu_seconds=settings.worker_cpu_seconds,
+                                 test_hooks=settings.test_hooks),
+                    timeout_s=settings.scan_timeout_seconds, max_scans=settings.worker_max_scans,
+                    on_restart=metrics.restarted)
+        await jobs.start()
+        metrics.watch_pool(lambda: jobs.queue_depth, lambda: jobs.busy)
+        app.state.store, app.state.jobs = store, jobs
+        app.state.scans = ScanService(settings, store, jobs, metrics)
+        log.info("started", extra={"event": "start", "version": __version__,
+                                   "database": store.engine.url.render_as_string(hide_password=True),
+                                   "workers": settings.workers})
+        try:
+            yield
+        finally:
+            await jobs.close()
+            await asyncio.to_thread(store.close)
+
+    app = FastAPI(title="ckptguard", version=__version__, lifespan=lifespan,
+                  summary="Judge model checkpoints without executing them")
+    app.state.settings = settings
+    app.state.metrics = metrics
+    problems.install(app)
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    app.include_router(scan.router)
+    app.include_router(scans.router)
+    app.include_router(health.router)
+    if importlib.util.find_spec("app.routes.remote") is not None:
+        from app.routes import remote  # POST /scan/url (the remote-loading engineer's router)
+
+        app.include_router(remote.router)
+    return app
+
+
+def serve(host: str | None = None, port: int | None = None) -> None:
+    """Run the service with uvicorn on the settings' defaults (127.0.0.1:8000, ./data)."""
+    import uvicorn
+
+    settings = Settings()
+    uvicorn.run(create_app(settings), host=host or settings.host,
+                port=settings.port if port is None else port,
+                log_level=settings.log_level.lower(), access_log=False,
+                timeout_graceful_shutdown=10)

@@ -1,0 +1,41 @@
+"""Prometheus metrics, one registry per app (so tests can run several apps side by side)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+class Metrics:
+    """The service's metrics; `render()` is the /metrics body."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.scans = Counter("ckptguard_scans", "Scans answered, by verdict, format and cache hit",
+                             ["verdict", "format", "cached"], registry=self.registry)
+        self.duration = Histogram(
+            "ckptguard_scan_duration_seconds", "Wall time of a scan in a worker (cache misses)",
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
+            registry=self.registry)
+        self.bytes_read = Counter("ckptguard_scan_bytes_read", "Bytes the scanner read from inputs",
+                                  registry=self.registry)
+        self.upload_bytes = Counter("ckptguard_upload_bytes", "Bytes received in uploads",
+                                    registry=self.registry)
+        self.restarts = Counter("ckptguard_worker_restarts", "Scan workers replaced, by reason",
+                                ["reason"], registry=self.registry)
+        self.queue_depth = Gauge("ckptguard_queue_depth", "Scans waiting for a free worker",
+                                 registry=self.registry)
+        self.busy = Gauge("ckptguard_workers_busy", "Workers running a scan", registry=self.registry)
+
+    def watch_pool(self, depth: Callable[[], float], busy: Callable[[], float]) -> None:
+        self.queue_depth.set_function(depth)
+        self.busy.set_function(busy)
+
+    def restarted(self, reason: str) -> None:
+        self.restarts.labels(reason=reason).inc()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,71 @@
+"""One scan, end to end: cache lookup -> sandboxed worker -> store -> metrics -> log line.
+
+Routes call `ScanService.scan_file`; any other entry (URL, webhook) can reuse
+`lookup`/`record` so every report lands in the same table under the same cache key.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any, get_args
+
+from app.jobs import Jobs
+from app.metrics import Metrics
+from app.problems import AppError
+from app.settings import Settings
+from app.store import Store, StoredScan, policy_key
+from app.worker import Hook
+from core import __version__
+from core.errors import CkptError
+from core.report import POLICY
+
+log = logging.getLogger("ckptguard.scan")
+HOOKS: frozenset[str] = frozenset(get_args(Hook))
+
+
+class ScanService:
+    def __init__(self, settings: Settings, store: Store, jobs: Jobs, metrics: Metrics) -> None:
+        self.settings = settings
+        self.store = store
+        self.jobs = jobs
+        self.metrics = metrics
+        self.allow = frozenset(settings.allow_globals)
+        self.policy = policy_key(POLICY, self.allow)
+
+    async def lookup(self, sha256: str) -> StoredScan | None:
+        return await asyncio.to_thread(self.store.find_cached, sha256, __version__, self.policy)
+
+    async def record(self, report: dict[str, Any], *, cacheable: bool) -> StoredScan:
+        return await asyncio.to_thread(self.store.save, report, policy=self.policy, cacheable=cacheable)
+
+    async def scan_file(self, path: str, info: dict[str, Any], *, hook: str | None = None) -> dict[str, Any]:
+        """Scan a local file whose `info` has its sha256; the response body (report + id, cached)."""
+        started = time.perf_counter()
+        sha256 = str(info["sha256"])
+        if hook is None and (hit := await self.lookup(sha256)) is not None:
+            self._observe(hit, cached=True, started=started)
+            return hit.to_json(cached=True)
+        hook_arg: Hook | None = hook if hook in HOOKS else None  # type: ignore[assignment]
+        try:
+            outcome = await self.jobs.scan(path, info, allow=self.allow, hook=hook_arg)
+        except CkptError as exc:
+            raise AppError(str(exc.code), 422, exc.message) from exc
+        self.metrics.duration.observe(time.perf_counter() - started)
+        self.metrics.bytes_read.inc(int(outcome.report.get("io", {}).get("bytes_read", 0)))
+        stored = await self.record(outcome.report, cacheable=outcome.failure is None)
+        self._observe(stored, cached=False, started=started)
+        return stored.to_json(cached=False)
+
+    def _observe(self, stored: StoredScan, *, cached: bool, started: float) -> None:
+        report = stored.report
+        verdict, fmt = str(report.get("verdict")), str(report.get("format"))
+        self.metrics.scans.labels(verdict=verdict, format=fmt, cached=str(cached).lower()).inc()
+        source = report.get("source") or {}
+        log.info("scan", extra={
+            "event": "scan", "id": stored.id, "sha256": source.get("sha256"),
+            "size": source.get("size"), "verdict": verdict, "format": fmt, "cached": cached,
+            "ms": round((time.perf_counter() - started) * 1000, 1),
+            "findings": [f.get("code") for f in report.get("findings", [])][:20],
+        })

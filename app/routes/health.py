@@ -1,0 +1,33 @@
+"""Liveness and Prometheus metrics."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from fastapi import APIRouter, Response
+
+from app.deps import AuthDep, JobsDep, MetricsDep, StoreDep
+from app.problems import AppError
+from core import __version__
+from core.report import POLICY
+
+router = APIRouter(tags=["health"])
+
+
+@router.get("/healthz")
+async def healthz(store: StoreDep, jobs: JobsDep) -> dict[str, Any]:
+    """200 when the database answers; the body says which scanner answers too."""
+    try:
+        await asyncio.to_thread(store.ping)
+    except Exception as exc:
+        raise AppError("UNAVAILABLE", 503, "the database is not reachable") from exc
+    return {"status": "ok", "scanner": {"version": __version__, "policy": POLICY},
+            "workers": jobs.size, "queue_depth": jobs.queue_depth}
+
+
+@router.get("/metrics", dependencies=[AuthDep])
+async def metrics(m: MetricsDep) -> Response:
+    from app.metrics import CONTENT_TYPE
+
+    return Response(m.render(), media_type=CONTENT_TYPE)

@@ -1,0 +1,33 @@
+"""POST /scan: a multipart upload (field `file`) -> the report."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request
+
+from app.deps import AuthDep, ScanServiceDep, SettingsDep
+from app.uploads import receive_upload
+
+router = APIRouter(tags=["scan"], dependencies=[AuthDep])
+
+TEST_HOOK_HEADER = "x-ckptguard-test-hook"
+
+
+@router.post("/scan", openapi_extra={"requestBody": {"content": {"multipart/form-data": {
+    "schema": {"type": "object", "required": ["file"],
+               "properties": {"file": {"type": "string", "format": "binary"}}}}}}})
+async def scan_upload(request: Request, settings: SettingsDep, scans: ScanServiceDep) -> dict[str, Any]:
+    """Scan an uploaded checkpoint. A malicious file is a 200 with `verdict: unsafe`."""
+    upload = await receive_upload(
+        request.headers.get("content-type"), request.headers.get("content-length"),
+        request.stream(), upload_dir=settings.resolved_upload_dir,
+        max_bytes=settings.max_upload_bytes)
+    scans.metrics.upload_bytes.inc(upload.size)
+    hook = request.headers.get(TEST_HOOK_HEADER) if settings.test_hooks else None
+    try:
+        info = {"kind": "upload", "name": upload.filename, "size": upload.size,
+                "sha256": upload.sha256}
+        return await scans.scan_file(str(upload.path), info, hook=hook)
+    finally:
+        upload.discard()

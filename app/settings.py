@@ -1,0 +1,70 @@
+"""Service configuration: every field is a `CKPTGUARD_<NAME>` environment variable.
+
+The README's "Configuration" table is generated from this class (app/README_SECTION.md);
+keep the descriptions short and the defaults safe for a laptop (`ckptguard serve`).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated
+
+from pydantic import Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+MiB = 1024 * 1024
+
+
+class Settings(BaseSettings):
+    """Validated service settings (prefix CKPTGUARD_)."""
+
+    model_config = SettingsConfigDict(env_prefix="CKPTGUARD_", extra="ignore")
+
+    host: str = Field(default="127.0.0.1", description="address `ckptguard serve` binds")
+    port: int = Field(default=8000, ge=0, le=65535, description="port `ckptguard serve` binds")
+    data_dir: Path = Field(default=Path("data"), description="SQLite file and upload spool live here")
+    database_url: str | None = Field(
+        default=None, description="any SQLAlchemy URL; default `sqlite:///<data_dir>/ckptguard.db`")
+    upload_dir: Path | None = Field(default=None,
+                                    description="temp dir for uploads; default `<data_dir>/uploads`")
+    max_upload_bytes: int = Field(default=4 * 1024 * MiB, gt=0, description="uploads past this get 413")
+    max_body_bytes: int = Field(default=1 * MiB, gt=0,
+                                description="cap on non-upload request bodies (JSON endpoints)")
+    api_keys: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="comma-separated bearer tokens; empty = no authentication")
+    workers: int = Field(default_factory=lambda: max(2, os.cpu_count() or 2), ge=1, le=256,
+                         description="scan worker processes; default max(2, CPUs)")
+    worker_memory_mb: int = Field(default=2048, ge=64, description="RLIMIT_AS of a scan worker, MiB")
+    worker_cpu_seconds: int = Field(default=120, ge=1, description="RLIMIT_CPU per scan, seconds")
+    scan_timeout_seconds: float = Field(default=300.0, gt=0, description="wall-clock limit per scan")
+    worker_max_scans: int = Field(default=1000, ge=1, description="recycle a worker after this many scans")
+    allow_globals: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="comma-separated extra allowlisted globals (like add_safe_globals); in the cache key")
+    log_level: str = Field(default="INFO", description="root log level; logs are JSON lines on stderr")
+    test_hooks: bool = Field(default=False, description="tests only: honour the X-Ckptguard-Test-Hook header")
+
+    @field_validator("api_keys", "allow_globals", mode="before")
+    @classmethod
+    def _split_commas(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+    @model_validator(mode="after")
+    def _check(self) -> Settings:
+        if any(len(k) < 16 for k in self.api_keys):
+            raise ValueError("CKPTGUARD_API_KEYS: each key needs at least 16 characters")
+        return self
+
+    @property
+    def resolved_database_url(self) -> str:
+        if self.database_url:
+            return self.database_url
+        return f"sqlite:///{(self.data_dir / 'ckptguard.db').resolve()}"
+
+    @property
+    def resolved_upload_dir(self) -> Path:
+        return (self.upload_dir or self.data_dir / "uploads").resolve()

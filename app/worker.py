@@ -1,0 +1,115 @@
+"""The scan worker: the code that runs inside each sandboxed worker process.
+
+Strategy: the parent (app/jobs.py) starts this with the `spawn` context, so the
+child holds no copy of the server's sockets, threads or database connections. It
+imports the scanner first, then caps its own address space (RLIMIT_AS) and, before
+each job, its CPU time (RLIMIT_CPU soft limit = CPU used so far + the per-scan budget;
+the kernel sends SIGXCPU past it). Results go back as plain JSON-able dicts; a
+`CkptError` goes back as itself (the error tree pickles, core/errors.py).
+This module imports no web framework: a worker stays small.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import signal
+import time
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import Any, Literal
+
+Hook = Literal["sleep", "oom", "crash", "cpu"]
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    path: str
+    info: dict[str, Any]                  # core.report.SourceInfo fields
+    allow: frozenset[str] = frozenset()
+    hook: Hook | None = None              # tests only; ignored unless the pool allows hooks
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerLimits:
+    memory_bytes: int
+    cpu_seconds: int
+    test_hooks: bool = False
+
+
+# Messages child -> parent: ("ok", report_json, recycle) | ("error", CkptError, False)
+Reply = tuple[str, Any, bool]
+
+
+def _cpu_used() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _set_cpu_budget(seconds: int) -> None:
+    _, hard = resource.getrlimit(resource.RLIMIT_CPU)
+    soft = int(_cpu_used()) + seconds + 1
+    if hard != resource.RLIM_INFINITY:
+        soft = min(soft, hard)
+    resource.setrlimit(resource.RLIMIT_CPU, (soft, hard))
+
+
+def _run_hook(hook: Hook, limits: WorkerLimits) -> None:
+    """Misbehave on purpose, so tests can prove the sandbox holds (Settings.test_hooks)."""
+    if hook == "sleep":
+        time.sleep(3600)
+    elif hook == "oom":
+        hog = [bytearray(64 * 1024 * 1024) for _ in range(limits.memory_bytes // (64 * 1024 * 1024) + 2)]
+        del hog
+    elif hook == "crash":
+        os.kill(os.getpid(), signal.SIGSEGV)
+    elif hook == "cpu":
+        while True:
+            pass
+
+
+def _scan(job: Job, limits: WorkerLimits) -> Reply:
+    from core.analysis import ScanOptions
+    from core.errors import CkptError, Code
+    from core.report import SourceInfo
+    from core.scan import scan_path
+
+    if job.hook is not None and limits.test_hooks:
+        _run_hook(job.hook, limits)
+    try:
+        report = scan_path(job.path, options=ScanOptions(allow=job.allow),
+                           info=SourceInfo(**job.info))
+    except CkptError as exc:
+        return ("error", exc, False)
+    # After a MemoryError the heap may be fragmented: let the pool replace this worker.
+    recycle = any(f.code is Code.RESOURCE_LIMIT for f in report.findings)
+    return ("ok", report.to_json(), recycle)
+
+
+def main(conn: Connection, limits: WorkerLimits) -> None:
+    """Worker loop: receive a Job, send a Reply; exit on None or a closed pipe."""
+    import core.scan  # noqa: F401  (warm imports before the address-space cap)
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when workers stop
+    resource.setrlimit(resource.RLIMIT_AS, (limits.memory_bytes, limits.memory_bytes))
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    conn.send(("ready", os.getpid(), False))  # the wall clock starts after start-up
+    while True:
+        try:
+            job = conn.recv()
+        except (EOFError, OSError):
+            return
+        if job is None:
+            return
+        _set_cpu_budget(limits.cpu_seconds)
+        try:
+            reply = _scan(job, limits)
+        except MemoryError:
+            reply = ("memory", None, True)
+        try:
+            conn.send(reply)
+        except MemoryError:
+            conn.send(("memory", None, True))
+            return
+        if reply[2]:
+            return
