@@ -258,7 +258,7 @@ def read_directory(source: ByteSource, limits: Limits = DEFAULT_LIMITS) -> ZipDi
     gc_was_enabled = gc.isenabled()
     gc.disable()
     try:
-        entries = parse_central_directory(cd, cd_offset, n_total, size)
+        entries = parse_central_directory(cd, cd_offset, n_total, size, disk)
         by_name, folded = torch_names(entries)
     finally:
         if gc_was_enabled:
@@ -305,7 +305,8 @@ def _zip64_extra(extra: bytes, want: Sequence[bool], where: int) -> list[int]:
                    where)
 
 
-def parse_central_directory(cd: bytes, cd_offset: int, count: int, file_size: int) -> list[ZipEntry]:
+def parse_central_directory(cd: bytes, cd_offset: int, count: int, file_size: int,
+                            this_disk: int = 0) -> list[ZipEntry]:
     """`count` central records from the buffer `cd` that starts at file offset `cd_offset`."""
     unpack = _CENTRAL.unpack_from
     entries: list[ZipEntry] = []
@@ -316,7 +317,7 @@ def parse_central_directory(cd: bytes, cd_offset: int, count: int, file_size: in
         if pos + CENTRAL_SIZE > end:
             raise _fmt_err(Code.ZIP_BAD_CENTRAL_DIR,
                            f"central record {index} runs past the directory", cd_offset + pos)
-        (sig, _, _, flags, method, _, _, crc, csize, usize, nlen, xlen, clen, _disk, _,
+        (sig, _, _, flags, method, _, _, crc, csize, usize, nlen, xlen, clen, disk, _,
          _, hoff) = unpack(cd, pos)
         if sig != CENTRAL_SIG:
             raise _fmt_err(Code.ZIP_BAD_CENTRAL_DIR, f"central record {index} has a bad signature",
@@ -326,6 +327,9 @@ def parse_central_directory(cd: bytes, cd_offset: int, count: int, file_size: in
         if rec_end > end:
             raise _fmt_err(Code.ZIP_BAD_CENTRAL_DIR,
                            f"central record {index} runs past the directory", cd_offset + pos)
+        if disk != this_disk and (disk == U16_MAX or disk != 1):
+            raise _fmt_err(Code.ZIP_MULTIPLE_DISKS, f"central record {index} is on disk {disk}",
+                           cd_offset + pos)
         raw = cd[pos + CENTRAL_SIZE: name_end]
         if csize == U32_MAX or usize == U32_MAX or hoff == U32_MAX:
             vals = iter(_zip64_extra(cd[name_end: name_end + xlen],

@@ -149,8 +149,15 @@ def test_eocd_inconsistencies(overrides: dict[str, int], code: Code) -> None:
 
 
 def test_disk_one_one_is_accepted_like_miniz() -> None:
-    assert len(read_directory(_src(build_zip(_members(), eocd_overrides={"disk": 1, "cd_disk": 1})))
-               .entries) == 3
+    """torch 2.13: EOCD disk 1/1 with entries on disk 0 -> "unsupported multidisk archive";
+    with the entries on disk 1 too, it opens (checked with PyTorchFileReader)."""
+    data = bytearray(build_zip(_members(), eocd_overrides={"disk": 1, "cd_disk": 1}))
+    assert _err(bytes(data)).code is Code.ZIP_MULTIPLE_DISKS
+    pos = 0
+    while (pos := data.find(b"PK\x01\x02", pos)) >= 0:
+        struct.pack_into("<H", data, pos + 34, 1)
+        pos += 4
+    assert len(read_directory(_src(bytes(data))).entries) == 3
 
 
 def test_limits_fail_closed() -> None:
@@ -330,3 +337,12 @@ def test_path_and_file_sources_agree(tmp_path: Path) -> None:
     p.write_bytes(data)
     with FileSource(p) as fs:
         assert read_directory(fs).entries == read_directory(_src(data)).entries
+
+
+def test_entry_disk_numbers_like_miniz() -> None:
+    data = bytearray(build_zip(_members()))
+    cd = data.index(b"PK\x01\x02")
+    struct.pack_into("<H", data, cd + 34, 1)     # disk 1: miniz tolerates it
+    assert len(read_directory(_src(bytes(data))).entries) == 3
+    struct.pack_into("<H", data, cd + 34, 5)
+    assert _err(bytes(data)).code is Code.ZIP_MULTIPLE_DISKS
