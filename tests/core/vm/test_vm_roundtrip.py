@@ -21,7 +21,7 @@ PLAIN_ALL_PROTOCOLS: list[Any] = [
     {"nested": [{"x": (1.5, None, True)}, ("t", ["u", {"v": -3}])]},
 ]
 # bytes / sets / bytearray are REDUCE calls below these protocols
-BINARY_FROM = {bytes: 3, set: 4, frozenset: 4, bytearray: 5}
+BINARY_FROM: dict[type, int] = {bytes: 3, set: 4, frozenset: 4, bytearray: 5}
 PLAIN_LATER: list[Any] = [b"", b"\x00\xff" * 200, {1, "a", (2, 3)}, frozenset({1, 2}), bytearray(b"ab"),
                           [b"x", {b"k": {frozenset({1})}}]]
 
