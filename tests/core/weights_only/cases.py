@@ -44,7 +44,7 @@ def od() -> Items:
 
 
 def v2(p: Items, off: int = 0, size: tuple[int, ...] = (4,), stride: tuple[int, ...] = (1,),
-       rg: str = "NEWFALSE", extra: Items | None = None) -> Items:
+       rg: Any = "NEWFALSE", extra: Items | None = None) -> Items:
     return [g("torch._utils._rebuild_tensor_v2"), "MARK", *p, ("BININT", off), *ints(size),
             *ints(stride), rg, *od(), *(extra or []), "TUPLE", "REDUCE"]
 
