@@ -178,7 +178,8 @@ def first_line(text: str) -> str:
 def set_weights_only(an: Analysis, error: TorchError | None, pickle_data: bytes | None) -> None:
     """Record torch's weights-only outcome in the report (+ a finding when it refuses).
 
-    `pickle_data` is the main pickle, for the `get_unsafe_globals_in_checkpoint` list.
+    `pickle_data` is the main pickle, for the `get_unsafe_globals_in_checkpoint` list;
+    None when there is none, or when the fast path already proved every global allowlisted.
     """
     listed = unsafe_globals(pickle_data, an.options.allow) if pickle_data else []
     benign = sorted(g.full for g in an.globals.values() if g.status == "benign")

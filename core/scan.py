@@ -174,9 +174,9 @@ def classify_zip(directory: ZipDirectory) -> str:
     """Decide the zip layout from its record names (FORMATS.md §0, §5, §7)."""
     names = directory.by_name
     prefix = directory.prefix()
-    if f"{prefix}/constants.pkl" in names:
+    if f"{prefix}/constants.pkl" in names:   # torch: exact name in get_all_records()
         return "torchscript"
-    if f"{prefix}/data.pkl" in names:
+    if directory.find(f"{prefix}/data.pkl") is not None:   # miniz lookup, case-folded
         return "torch-zip"
     if any(n.endswith("archive_format") for n in names) or any(
             n.startswith(f"{prefix}/models/") and n.endswith(".json") for n in names):

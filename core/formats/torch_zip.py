@@ -54,7 +54,7 @@ class ZipStorageResolver:
     prefix: str
 
     def check(self, key: str, nbytes: int) -> TorchError | None:
-        entry = self.directory.by_name.get(f"{self.prefix}/data/{key}")
+        entry = self.directory.find(f"{self.prefix}/data/{key}")
         if entry is None:
             return missing_record_error(f"data/{key}")
         if entry.uncompressed_size != nbytes:
@@ -75,10 +75,9 @@ class _Locator:
 
 def analyze_zip(source: ByteSource, directory: ZipDirectory, an: Analysis) -> None:
     prefix = directory.prefix()
-    by_name = directory.by_name
 
     def entry(record: str) -> ZipEntry | None:
-        return by_name.get(f"{prefix}/{record}")
+        return directory.find(f"{prefix}/{record}")   # as miniz finds it (case-folded)
 
     # Local headers: all of them when random reads are cheap (local files); otherwise only
     # those the offset arithmetic needs, so a remote scan stays at a few requests.
@@ -90,7 +89,7 @@ def analyze_zip(source: ByteSource, directory: ZipDirectory, an: Analysis) -> No
     check_archive(directory, locals_, an)
 
     meta = _read_small_records(source, directory, [e for r in _META_RECORDS if (e := entry(r))])
-    is_torchscript = entry("constants.pkl") is not None
+    is_torchscript = f"{prefix}/constants.pkl" in directory.by_name  # exact, as torch lists it
     torch_error = _container_error(directory, prefix, meta, source, is_torchscript)
     if is_torchscript:
         an.format = "torchscript"
@@ -122,7 +121,7 @@ def analyze_zip(source: ByteSource, directory: ZipDirectory, an: Analysis) -> No
         _flag_unreferenced(directory, prefix, {k for k, _ in storages}, an)
     if meta.get("byteorder") == b"big":
         an.add(Code.TORCH_BIG_ENDIAN, "storages are big-endian", record=f"{prefix}/byteorder")
-    set_weights_only(an, torch_error or scan.weights_only.error, data)
+    set_weights_only(an, torch_error or scan.weights_only.error, None if scan.fast else data)
 
 
 def check_generic_zip(source: ByteSource, directory: ZipDirectory, an: Analysis) -> None:
@@ -223,7 +222,7 @@ def _storage_sites(source: ByteSource, directory: ZipDirectory, prefix: str,
                    meta: Mapping[str, bytes], locals_: dict[int, LocalHeader],
                    storages: list[tuple[str, int]], an: Analysis) -> dict[str, StorageSite]:
     """Where each storage's bytes are: chained arithmetic, cross-checked with the headers."""
-    entries = {key: directory.by_name.get(f"{prefix}/data/{key}") for key, _ in storages}
+    entries = {key: directory.find(f"{prefix}/data/{key}") for key, _ in storages}
     present = {k: e for k, e in entries.items() if e is not None}
     chained: dict[str, int] = {}
     verified: dict[str, bool] = {}
