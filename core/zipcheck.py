@@ -193,12 +193,16 @@ def _local_differences(e: ZipEntry, local: LocalHeader) -> list[str]:
     return diff
 
 
-def _record_span(e: ZipEntry, local: LocalHeader | None) -> tuple[int, int, int]:
-    """(start, payload end, end incl. descriptor) of an entry's bytes in the file."""
+def _record_span(e: ZipEntry, local: LocalHeader | None) -> tuple[int, int, int, bool]:
+    """(start, payload end, end incl. descriptor, exact) of an entry's bytes in the file.
+
+    Without its local header the extra length is unknown (torch's FB padding lives only
+    there): the span is then a lower bound, good for overlaps but not for gaps.
+    """
     data = local.data_offset if local is not None else e.header_offset + LOCAL_SIZE + len(e.name_bytes)
     end = data + e.compressed_size
     desc = descriptor_size(e.header_offset, e.compressed_size) if e.flags & FLAG_DESCRIPTOR else 0
-    return e.header_offset, end, end + desc
+    return e.header_offset, end, end + desc, local is not None
 
 
 def _check_layout(directory: ZipDirectory, locals_: Mapping[int, LocalHeader], out: _Capped) -> None:
@@ -212,25 +216,27 @@ def _check_layout(directory: ZipDirectory, locals_: Mapping[int, LocalHeader], o
     # payload_end: bytes that must not overlap; cursor: incl. the expected data descriptor
     # (a writer without the PK\x07\x08 signature uses 12 bytes: tolerated, not flagged)
     cursor = payload_end_max = first
+    exact = True                 # is `cursor` known exactly (local header read)?
     owner: ZipEntry | None = None
-    for start, payload_end, end, index in spans:
+    for start, payload_end, end, is_exact, index in spans:
         e = entries[index]
         if start < payload_end_max:
             out.add(Code.ZIP_OVERLAPPING_ENTRIES,
                     f"{e.name} at {start} overlaps {owner.name if owner else '?'} "
                     f"(which ends at {payload_end_max})", record=e.name, offset=start)
-        elif start > cursor:
+        elif start > cursor and exact:
             out.add(Code.ZIP_UNREFERENCED_DATA,
                     f"{start - cursor} bytes at {cursor} before {e.name} belong to no entry",
                     record=e.name, offset=cursor)
         if payload_end > payload_end_max:
             payload_end_max, owner = payload_end, e
-        cursor = max(cursor, end)
+        if end >= cursor:
+            cursor, exact = end, is_exact
     if payload_end_max > directory.cd_offset:
         out.add(Code.ZIP_OVERLAPPING_ENTRIES,
                 f"records reach {payload_end_max}, past the central directory at {directory.cd_offset}",
                 offset=directory.cd_offset)
-    elif cursor < directory.cd_offset:
+    elif cursor < directory.cd_offset and exact:
         out.add(Code.ZIP_UNREFERENCED_DATA,
                 f"{directory.cd_offset - cursor} bytes at {cursor} before the central directory "
                 "belong to no entry", offset=cursor)

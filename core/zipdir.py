@@ -177,7 +177,7 @@ def _read_tail(source: ByteSource) -> tuple[bytes, int]:
     return source.read_at(start, want), start
 
 
-def _u64_at(source: ByteSource, tail: bytes, tail_start: int, offset: int, nbytes: int) -> bytes:
+def _bytes_at(source: ByteSource, tail: bytes, tail_start: int, offset: int, nbytes: int) -> bytes:
     """Bytes [offset, offset+nbytes) from the tail buffer if there, else a fresh read."""
     if offset >= tail_start and offset + nbytes <= tail_start + len(tail):
         return tail[offset - tail_start: offset - tail_start + nbytes]
@@ -208,13 +208,13 @@ def read_directory(source: ByteSource, limits: Limits = DEFAULT_LIMITS) -> ZipDi
     zip64 = False
     z64_offset: int | None = None
     if eocd_offset >= ZIP64_LOCATOR_SIZE + ZIP64_EOCD_SIZE:
-        loc = _u64_at(source, tail, tail_start, eocd_offset - ZIP64_LOCATOR_SIZE, ZIP64_LOCATOR_SIZE)
+        loc = _bytes_at(source, tail, tail_start, eocd_offset - ZIP64_LOCATOR_SIZE, ZIP64_LOCATOR_SIZE)
         if loc[:4] == ZIP64_LOCATOR_SIG:
             zip64 = True
             _, _, loc_offset, n_disks = _ZIP64_LOCATOR.unpack(loc)
             # miniz: try right before the locator first, then where the locator points
             z64_offset = eocd_offset - ZIP64_LOCATOR_SIZE - ZIP64_EOCD_SIZE
-            rec = _u64_at(source, tail, tail_start, z64_offset, ZIP64_EOCD_SIZE)
+            rec = _bytes_at(source, tail, tail_start, z64_offset, ZIP64_EOCD_SIZE)
             if rec[:4] != ZIP64_EOCD_SIG:
                 if loc_offset > size - ZIP64_EOCD_SIZE:
                     raise _fmt_err(Code.ZIP_BAD_EOCD, f"zip64 locator points past the end ({loc_offset})",
