@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import os
 import random
+import struct
 import zipfile
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from core.offsets import (
     verify_chain,
 )
 from core.source import FileSource
+from core.zipcheck import check_archive
 from core.zipdir import read_directory, read_local_headers
 from tests.core.zip.conftest import TorchFile
 from tests.core.zip.zipbuild import write_torch_like
@@ -236,10 +238,15 @@ def test_chain_bad_nbytes() -> None:
 
 @pytest.mark.slow
 def test_zip64_sparse_archive_chain_equals_torch(tmp_path: Path) -> None:
-    """FORMATS.md §1.4 big.pt layout: a 4 GiB + 16 storage, then 16, 0, 24 bytes (sparse file)."""
+    """FORMATS.md §1.4 big.pt: a 4 GiB + 16 storage, then 16, 0, 24 bytes (sparse file).
+
+    With a 381-byte data.pkl the records land exactly where §1.4 says (data/0 at 854).
+    """
     path = tmp_path / "big.pt"
     storages = [("0", 4_294_967_312), ("1", 16), ("2", 0), ("3", 24)]
-    recs: list[tuple[str, bytes | int]] = [("data.pkl", b"\x80\x02N."), ("byteorder", b"little")]
+    recs: list[tuple[str, bytes | int]] = [("data.pkl", b"\x80\x02N." + b"\0" * 377),
+                                           (".format_version", b"1"), (".storage_alignment", b"64"),
+                                           ("byteorder", b"little")]
     recs += [(f"data/{k}", n if n > 1000 else b"\x01" * n) for k, n in storages]
     recs += [("version", b"3\n")]
     with open(path, "wb") as f:
@@ -251,12 +258,24 @@ def test_zip64_sparse_archive_chain_equals_torch(tmp_path: Path) -> None:
     with zipfile.ZipFile(path) as z:
         assert [(i.filename, i.header_offset, i.file_size) for i in z.infolist()] == [
             (e.name, e.header_offset, e.uncompressed_size) for e in d.entries]
+    locs = read_local_headers(src, d.entries)
+    # §1.4: (h, zip64 extra body bytes, FB pad, D) per storage record
+    expect = {"0": (854, 16, 42, 960), "1": (4_294_968_296, 8, 32, 4_294_968_384),
+              "2": (4_294_968_424, 8, 32, 4_294_968_512), "3": (4_294_968_512, 8, 8, 4_294_968_576)}
+    for key, (h, z64, pad, data_off) in expect.items():
+        e = d.by_name[f"big/data/{key}"]
+        loc = locs[e.index]
+        assert (e.header_offset, loc.data_offset) == (h, data_off)
+        assert loc.extra[:4] == struct.pack("<HH", 1, z64)
+        assert loc.extra[4 + z64:] == b"FB" + struct.pack("<H", pad) + b"Z" * pad
     chain = _chain_for(path, storages, 64)
+    assert [(c.header_offset, c.data_offset) for c in chain] == [(v[0], v[3]) for v in expect.values()]
     reader = torch._C.PyTorchFileReader(str(path))
     for c in chain:
         assert c.data_offset == reader.get_record_offset(f"data/{c.key}")
         assert c.header_offset == reader.get_record_header_offset(f"data/{c.key}")
-    assert chain[1].header_offset > 0xFFFFFFFF
     an = Analysis()
-    assert all(verify_chain(chain, d, read_local_headers(src, d.entries), an).values())
+    assert all(verify_chain(chain, d, locs, an).values())
+    assert an.findings == []
+    check_archive(d, locs, an)
     assert an.findings == []
