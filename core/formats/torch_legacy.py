@@ -41,6 +41,7 @@ _PICKLES = ("magic number", "protocol version", "sys_info", "main object", "stor
 _WRONG_SIZE = "storage has wrong byte size: expected %ld got %ld"
 _EOF = "unexpected EOF, expected {} more bytes. The file might be corrupted."
 _FIRST_WINDOW = 1 << 16     # most legacy pickles fit; the window doubles as needed
+_MAX_TAR_PROBE = 1 << 20
 _UNUSED_BLOCK_KEYS = 8       # findings for overwritten/missing blocks, then a summary
 
 
@@ -51,6 +52,9 @@ def analyze(source: ByteSource, an: Analysis) -> None:
     ('torch-legacy', 537)
     """
     head = source.read_at(0, min(source.size, 512))
+    need = torch_tar.tar_bytes_needed(head)
+    if need > len(head) and need <= min(source.size, _MAX_TAR_PROBE):
+        head = source.read_at(0, need)
     if torch_tar.is_tar(head):   # torch tries tarfile.open first (real files at offset 0)
         an.format = "torch-tar"
         torch_tar.analyze_tar(source, an)

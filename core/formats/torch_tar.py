@@ -34,6 +34,8 @@ _MEMBERS = ("sys_info", "pickle", "storages", "tensors")
 _MAX_HEADERS = 10_000
 _MAX_PAX = 1 << 20
 _ITEM_WINDOW = 1 << 16
+_MAX_CHAIN = 8
+_CHAINED = (b"L", b"K", b"x", b"g", b"X")   # GNU long name/link, pax headers
 
 
 class _Invalid(Exception):
@@ -56,13 +58,38 @@ def is_tar(head: bytes) -> bool:
     """Would `tarfile.open(fileobj=f, mode="r:")` accept a file starting with `head`?
 
     Mirrors TarFile.next() at offset 0: a short first block or a bad checksum/number
-    field is a ReadError; an all-zero block ends the archive silently (open succeeds).
+    field is a ReadError; an all-zero block ends the archive silently (open succeeds);
+    GNU long-name and pax headers need a valid header after their data. `head` must
+    hold `tar_bytes_needed(head)` bytes (or the whole file) for an exact answer.
     """
-    if len(head) < BLOCK:
-        return False
-    block = head[:BLOCK]
-    if block.count(0) == BLOCK:
-        return True
+    answer = _probe(head)
+    return answer is True
+
+
+def tar_bytes_needed(head: bytes) -> int:
+    """How many leading bytes `is_tar` must see (more than `len(head)` for header chains)."""
+    answer = _probe(head)
+    return answer if type(answer) is int else len(head)
+
+
+def _probe(head: bytes) -> bool | int:
+    pos = 0
+    for depth in range(_MAX_CHAIN):
+        if len(head) < pos + BLOCK:
+            return pos + BLOCK if depth else False
+        block = head[pos:pos + BLOCK]
+        if block.count(0) == BLOCK:
+            return depth == 0        # at offset 0: empty archive; later: SubsequentHeaderError
+        if not _valid_block(block):
+            return False
+        if block[156:157] not in _CHAINED:
+            return True
+        pos += BLOCK + -(-max(0, _nti(block[124:136])) // BLOCK) * BLOCK
+    return False
+
+
+def _valid_block(block: bytes) -> bool:
+    """TarInfo.frombuf's checks: checksum (unsigned or signed) and every number field."""
     try:
         chksum = _nti(block[148:156])
         unsigned = 256 + sum(struct.unpack_from("148B8x356B", block))
@@ -94,7 +121,7 @@ def read_members(source: ByteSource, an: Analysis) -> list[TarMember]:
         if offset + BLOCK > size:
             break
         block = source.read_at(offset, BLOCK)
-        if block.count(0) == BLOCK or not is_tar(block):
+        if block.count(0) == BLOCK or not _valid_block(block):
             break
         name = block[0:100].split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
         if block[257:262] == b"ustar":
