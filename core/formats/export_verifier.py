@@ -70,6 +70,10 @@ def _dict(value: Any) -> Mapping[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
+def _str(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
 def _list(value: Any) -> list[Any]:
     return value if isinstance(value, list) else []
 
@@ -126,11 +130,10 @@ def _check_inputs(graph: Mapping[str, Any], sig: Mapping[str, Any],
                                  f"input spec name {name} does not match node name {node} (#{i})"))
         if kind == "user_input" or kind == "constant_input":
             continue
-        target = body.get(f"{kind}_name") if kind != "tensor_constant" else body.get(
-            "tensor_constant_name")
+        target = _str(body.get(f"{kind}_name"))
         if kind == "parameter":
             _need_tensor_arg(kind, body, out)
-            meta = weights.get(str(target)) if isinstance(target, str) else None
+            meta = weights.get(target) if target is not None else None
             if meta is None:
                 out.append(Violation("parameter-in-state-dict",
                                      f"Parameter {target} is not in the state dict."))
@@ -152,7 +155,7 @@ def _check_inputs(graph: Mapping[str, Any], sig: Mapping[str, Any],
         elif kind in ("tensor_constant", "custom_obj"):
             if kind == "tensor_constant":
                 _need_tensor_arg(kind, body, out)
-            if not isinstance(target, str) or target not in constants:
+            if target is None or target not in constants:
                 out.append(Violation("constant-present", f"{kind.replace('_', ' ')} {target} is not "
                                      "in the constants dictionary."))
         elif kind != "token":
@@ -179,8 +182,8 @@ def _check_outputs(graph: Mapping[str, Any], sig: Mapping[str, Any], out: list[V
                              f"different than the number of output specs {len(specs)}"))
     in_specs = [_spec(s) for s in _list(sig.get("input_specs"))]
     targets = {
-        "buffer": {b.get("buffer_name") for k, b in in_specs if k == "buffer"},
-        "parameter": {b.get("parameter_name") for k, b in in_specs if k == "parameter"},
+        "buffer": {_str(b.get("buffer_name")) for k, b in in_specs if k == "buffer"},
+        "parameter": {_str(b.get("parameter_name")) for k, b in in_specs if k == "parameter"},
         "user_input": {arg_name(b.get("arg")) for k, b in in_specs if k == "user_input"},
     }
     tokens = sum(1 for k, _ in specs if k == "token")
@@ -196,7 +199,7 @@ def _check_outputs(graph: Mapping[str, Any], sig: Mapping[str, Any], out: list[V
             continue
         kind, body = by_node[node]
         field, pool = _MUTATION_KINDS[kind]
-        if body.get(field) not in targets[pool]:
+        if _str(body.get(field)) not in targets[pool]:
             out.append(Violation("mutation-outputs", f"{kind} output {node} does not point to a "
                                  f"{pool.replace('_', ' ')} that exists: {body.get(field)}"))
     start = tokens + len(mutations)

@@ -44,6 +44,17 @@ def parse_literal(text: str, *, max_len: int = 10_000, allow_long_suffix: bool =
         raise LiteralError(f"literal of {len(text)} characters (cap {max_len})")
     tokens = _tokenize(text.lstrip(" \t"), allow_long_suffix)
     pos, value = _value(tokens, 0, 0)
+    if _is_op(tokens, pos, ","):
+        # eval mode accepts a bare tuple: "1, 2" and "1,"
+        items = [value]
+        pos += 1
+        while pos < len(tokens):
+            pos, item = _value(tokens, pos, 1)
+            items.append(item)
+            if not _is_op(tokens, pos, ","):
+                break
+            pos += 1
+        value = tuple(items)
     if pos != len(tokens):
         raise LiteralError(f"unexpected {tokens[pos][1]!r} after the literal")
     return value
@@ -67,6 +78,12 @@ def _tokenize(text: str, allow_long: bool) -> list[tuple[str, Any]]:
             continue
         if ended:
             raise LiteralError("text after the end of the expression")
+        if not out:
+            # literal_eval strips only the first line's indentation: a first token on a
+            # later, indented line is an IndentationError
+            line_start = text.rfind("\n", 0, pos) + 1
+            if line_start and text[line_start:pos]:
+                raise LiteralError("unexpected indent")
         if kind == "str":
             prefix = m.group("str").rstrip("'\"")
             quote = m.group("str")[len(prefix):]
@@ -92,7 +109,7 @@ def _tokenize(text: str, allow_long: bool) -> list[tuple[str, Any]]:
                 depth -= 1
             out.append(("op", op))
         pos = m.end()
-    if re.search(r"\\\r?\n[ \t\f]*\Z", text):
+    if re.search(r"\\\r?\n\Z", text):
         raise LiteralError("line continuation at the end of the text")
     if ended and re.search(r"\n[ \t\f]+\Z", text):
         raise LiteralError("an indented blank last line (IndentationError)")

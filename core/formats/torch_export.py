@@ -254,7 +254,8 @@ def _tensor(ar: _Archive, fqn: str, meta: Mapping[str, Any], rel: str, kind: str
     try:
         if not isinstance(tm, dict):
             raise ValueError("tensor_meta cannot be None for a non-pickled payload")
-        dtype = EXPORT_SCALAR_TYPE.get(tm.get("dtype"))  # type: ignore[arg-type]
+        code = tm.get("dtype")
+        dtype = EXPORT_SCALAR_TYPE.get(code) if isinstance(code, int) else None
         if dtype is None:
             raise ValueError(f"unknown ScalarType {tm.get('dtype')!r}")
         shape = _as_ints(tm.get("sizes"), "sizes")
