@@ -55,6 +55,8 @@ DEFAULT_TAIL_BYTES = 65 * 1024   # core.scan reads the last 64 KiB + 22 (EOCD + 
 DEFAULT_COALESCE_GAP = 64 * 1024
 CACHE_SPAN_LIMIT = 16 * 1024 * 1024   # larger reads (whole tensors) bypass the cache
 CHUNK = 64 * 1024
+MULTI_RANGE_HEADER_MAX = 4000       # bytes of one Range header listing several ranges
+MULTI_PART_OVERHEAD = 256            # allowance per multipart part (boundary + part headers)
 REDIRECTS = frozenset({301, 302, 303, 307, 308})
 TRANSIENT_STATUS = frozenset({408, 425, 429, 500, 502, 503, 504})
 USER_AGENT = "ckptguard-http-source"
@@ -196,8 +198,8 @@ def coalesce(spans: Sequence[tuple[int, int]], gap: int) -> list[tuple[int, int]
 class _Want:
     """What one request asks for: [start, end) or the last `suffix` bytes.
 
-    `end` None with a known start means "up to an end learned later" (speculation):
-    `limit` is then called once the headers are in and says how many body bytes to use.
+    `limit` (speculation) is called once the headers are in and says how many body
+    bytes to use. `parts` makes it one multi-range request (multipart/byteranges).
     """
 
     start: int = 0
@@ -205,12 +207,15 @@ class _Want:
     suffix: int | None = None
     cache: bool = True
     limit: Callable[[], int] | None = None
+    parts: list[tuple[int, int]] | None = None
     result: bytes = b""
     hops: int = 0
 
     def header(self) -> str:
         if self.suffix is not None:
             return f"bytes=-{self.suffix}"
+        if self.parts is not None:
+            return "bytes=" + ",".join(f"{s}-{e - 1}" for s, e in self.parts)
         assert self.end is not None
         return f"bytes={self.start}-{self.end - 1}"
 
@@ -246,6 +251,8 @@ class HttpSource:
         self._etag: str | None = None
         self._last_modified: str | None = None
         self._range_ignored = False
+        self._multi_range_ok = True      # until a server answers a multi-range request with 200
+        self._workers = max(1, max_workers)
         self._client = httpx.Client(
             transport=pinned_transport(self._guard, max_connections=max_workers + 2),
             timeout=httpx.Timeout(timeout), follow_redirects=False, trust_env=False,
@@ -284,9 +291,17 @@ class HttpSource:
                     direct[(offset, nbytes)] = _Want(offset, offset + nbytes, cache=False)
                 elif nbytes:
                     missing.extend(self._cache.missing(offset, offset + nbytes))
-        wants = list(direct.values()) + [_Want(s, e) for s, e in coalesce(missing, self._gap)]
+        wants = list(direct.values()) + self._batch(coalesce(missing, self._gap))
         if wants:
             self._wave(wants)
+        if any(w.parts is not None for w in wants):
+            # a server may answer multi-range with fewer/merged parts or ignore it (200):
+            # whatever is still missing is fetched with single ranges
+            with self._lock:
+                left = [m for off, n in spans if n and (off, n) not in direct
+                        for m in self._cache.missing(off, off + n)]
+            if left:
+                self._wave([_Want(s, e) for s, e in coalesce(left, self._gap)])
         out: list[bytes] = []
         with self._lock:
             for offset, nbytes in spans:
@@ -299,6 +314,31 @@ class HttpSource:
                                       offset=offset)
                 out.append(got)
         return out
+
+    def _batch(self, spans: list[tuple[int, int]]) -> list[_Want]:
+        """More spans than workers: pack them into multi-range requests (one per worker)."""
+        if len(spans) <= self._workers or not self._multi_range_ok or self._range_ignored:
+            return [_Want(s, e) for s, e in spans]
+        per = -(-len(spans) // self._workers)
+        wants: list[_Want] = []
+        parts: list[tuple[int, int]] = []
+        chars = 0
+        for s, e in spans:
+            item = len(f"{s}-{e - 1},")
+            if parts and (len(parts) >= per or chars + item > MULTI_RANGE_HEADER_MAX):
+                wants.append(self._multi(parts))
+                parts, chars = [], 0
+            parts.append((s, e))
+            chars += item
+        if parts:
+            wants.append(self._multi(parts))
+        return wants
+
+    @staticmethod
+    def _multi(parts: list[tuple[int, int]]) -> _Want:
+        if len(parts) == 1:
+            return _Want(parts[0][0], parts[0][1])
+        return _Want(parts[0][0], parts[-1][1], parts=list(parts))
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -373,7 +413,8 @@ class HttpSource:
               on_first_done: Callable[[], None] | None = None, ignore_errors: bool = False) -> None:
         """Run requests concurrently: one round trip (plus redirects/retries)."""
         if check_budget:
-            planned = sum((w.end or 0) - w.start for w in wants if w.limit is None)
+            planned = sum(sum(e - s for s, e in w.parts) if w.parts else (w.end or 0) - w.start
+                          for w in wants if w.limit is None)
             self._charge_check(planned)
         if len(wants) == 1 and on_first_done is None:
             self._fetch(wants[0])
@@ -389,7 +430,9 @@ class HttpSource:
                     on_first_done()
             if errors and not ignore_errors:
                 raise errors[0]
-        self.round_trips += max((w.hops for w in wants), default=0)
+        # concurrent requests share a round trip, but only as many as there are workers
+        hops = [w.hops for w in wants]
+        self.round_trips += max(max(hops, default=0), -(-sum(hops) // self._workers))
 
     def _charge_check(self, nbytes: int) -> None:
         if self.stats.bytes_read + nbytes > self._limits.max_bytes_read:
@@ -452,7 +495,9 @@ class HttpSource:
                 encoding = resp.headers.get("content-encoding", "identity").strip().lower()
                 if encoding not in ("", "identity"):
                     raise SourceError(Code.SOURCE_HTTP, f"Content-Encoding {encoding!r} on a range read")
-                if status == 206:
+                if status == 206 and want.parts is not None:
+                    self._take_multi(resp, want)
+                elif status == 206:
                     self._take_partial(resp, want)
                 elif status == 200:
                     self._take_whole(resp, want)
@@ -521,6 +566,10 @@ class HttpSource:
         total = int(length) if length is not None and length.strip().isdigit() else None
         if total is not None:
             self._set_total(total)
+        if want.parts is not None:
+            with self._lock:  # Range works, multi-range does not (e.g. S3): go single
+                self._multi_range_ok = False
+            return
         with self._lock:
             self._range_ignored = True
         if want.limit is not None:
@@ -537,6 +586,37 @@ class HttpSource:
         if want.suffix is not None:
             want.start = max(0, len(body) - want.suffix)
         self._store(want, 0, body, whole=True)
+
+    def _take_multi(self, resp: httpx.Response, want: _Want) -> None:
+        """206 to a multi-range request: multipart/byteranges, or one part if the server merged."""
+        assert want.parts is not None
+        self._pin(resp)
+        starts = {s for s, _ in want.parts}
+        ends = {e for _, e in want.parts}
+        ctype = resp.headers.get("content-type", "")
+        if not ctype.lower().startswith("multipart/byteranges"):
+            m = _CONTENT_RANGE.match(resp.headers.get("content-range", ""))
+            if m is None:
+                raise SourceError(Code.SOURCE_HTTP, "206 to a multi-range request without parts")
+            first, last, total = (int(g) for g in m.groups())
+            self._set_total(total)
+            if first not in starts or last + 1 not in ends:
+                raise SourceError(Code.SOURCE_HTTP, f"Content-Range {first}-{last}/{total} "
+                                  f"answers none of the requested ranges", offset=first)
+            self._store(want, first, self._read_body(resp, last - first + 1, exact=True))
+            return
+        boundary = _boundary(ctype)
+        cap = sum(e - s for s, e in want.parts) + MULTI_PART_OVERHEAD * (len(want.parts) + 1)
+        body = self._read_body(resp, cap + 1, exact=False)
+        if len(body) > cap:
+            raise SourceError(Code.SOURCE_HTTP, "multipart body larger than the ranges asked for")
+        parts, complete = parse_byteranges(body, boundary, self.size, starts, ends)
+        for first, data in parts:
+            self._store(want, first, data)
+        with self._lock:  # boundaries and part headers were read too
+            self.stats.bytes_read += len(body) - sum(len(d) for _, d in parts)
+        if not complete:
+            raise _Transient("multipart/byteranges body ended early", Code.SOURCE_SHORT_READ)
 
     def _take_unsatisfiable(self, resp: httpx.Response, want: _Want) -> None:
         m = _UNSATISFIED_RANGE.match(resp.headers.get("content-range", ""))
@@ -576,6 +656,54 @@ class HttpSource:
             start = want.start - first
             assert want.end is not None
             want.result = body[start : start + want.end - want.start]
+
+
+def _boundary(ctype: str) -> bytes:
+    m = re.search(r'boundary\s*=\s*"?([^";]+)"?', ctype, re.IGNORECASE)
+    if m is None or len(m.group(1)) > 200:
+        raise SourceError(Code.SOURCE_HTTP, f"multipart/byteranges without a boundary: {ctype!r}")
+    return m.group(1).encode("latin-1", "replace")
+
+
+def parse_byteranges(body: bytes, boundary: bytes, size: int, starts: set[int],
+                     ends: set[int]) -> tuple[list[tuple[int, bytes]], bool]:
+    """Parts of a multipart/byteranges body (RFC 9110 §14.6), each checked against the request.
+
+    A part must start where a requested range starts and end where one ends (servers may
+    merge adjacent ranges), and its total must be the file size. Returns the parts and
+    whether the body was complete (a cut body keeps the parts that arrived whole).
+    """
+    delim = b"--" + boundary
+    pos = body.find(delim)
+    out: list[tuple[int, bytes]] = []
+    while pos >= 0:
+        pos += len(delim)
+        if body[pos : pos + 2] == b"--":
+            return out, True
+        head_end = body.find(b"\r\n\r\n", pos)
+        if head_end < 0:
+            return out, False
+        first = last = total = None
+        for line in body[pos:head_end].split(b"\r\n"):
+            name, _, value = line.partition(b":")
+            if name.strip().lower() == b"content-range":
+                m = _CONTENT_RANGE.match(value.decode("latin-1"))
+                if m is not None:
+                    first, last, total = (int(g) for g in m.groups())
+        if first is None or last is None or total is None:
+            raise SourceError(Code.SOURCE_HTTP, "multipart part without a valid Content-Range")
+        if total != size:
+            raise SourceError(Code.SOURCE_CHANGED, f"file size changed from {size} to {total} bytes")
+        if first not in starts or last + 1 not in ends or last < first:
+            raise SourceError(Code.SOURCE_HTTP, f"multipart part {first}-{last}/{total} answers none "
+                              "of the requested ranges", offset=first)
+        data_at = head_end + 4
+        data = body[data_at : data_at + last - first + 1]
+        if len(data) != last - first + 1:
+            return out, False
+        out.append((first, data))
+        pos = body.find(delim, data_at + len(data))
+    return out, False
 
 
 def _iter_raw(resp: httpx.Response) -> Iterator[bytes]:

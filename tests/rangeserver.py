@@ -16,6 +16,9 @@ next `fault_times` requests (None: for all):
     status               answer `status` (e.g. 403, 404, 500) with a small body
     redirect             302 to `redirect_to` (keeps nothing: the client must re-send Range)
     gzip                 claim Content-Encoding: gzip
+    no_multirange        200 + the whole body for multi-range requests (as S3 does)
+
+Several ranges in one request get a multipart/byteranges answer (RFC 9110 §14.6).
 
 Example:
     with RangeServer({"/m.pt": data}) as srv:
@@ -203,6 +206,9 @@ def _make_handler(server: RangeServer) -> type[BaseHTTPRequestHandler]:
             if_range = self.headers.get("If-Range")
             if if_range is not None and if_range not in (etag, LAST_MODIFIED):
                 rng = None  # RFC 9110 §13.1.5: validator failed -> the whole, current file
+            if rng and "," in rng and fault != "ignore_range":
+                self._serve_multi(obj, size, rng, headers, head=head, fault=fault)
+                return
             m = _RANGE.match(rng.strip()) if rng else None
             if fault == "ignore_range" or m is None or (not m.group(1) and not m.group(2)):
                 headers["Content-Length"] = str(size)
@@ -227,6 +233,38 @@ def _make_handler(server: RangeServer) -> type[BaseHTTPRequestHandler]:
             headers["Content-Range"] = f"bytes {shown_start}-{shown_last}/{shown_total}"
             headers["Content-Length"] = str(nbytes)
             self._finish(206, headers, (obj, start, nbytes), head=head, fault=fault)
+
+        def _serve_multi(self, obj: bytes | Path, size: int, rng: str, headers: dict[str, str], *,
+                         head: bool, fault: str | None) -> None:
+            if fault == "no_multirange":
+                headers["Content-Length"] = str(size)
+                self._finish(200, headers, (obj, 0, size), head=head, fault=fault)
+                return
+            spans: list[tuple[int, int]] = []
+            for spec in rng.strip().removeprefix("bytes=").split(","):
+                a, _, b = spec.strip().partition("-")
+                if a:
+                    start, last = int(a), min(int(b), size - 1) if b else size - 1
+                else:
+                    start, last = max(0, size - int(b)), size - 1
+                if start <= last < size:
+                    spans.append((start, last))
+            boundary = "CKPTGUARDBOUNDARY"
+            body = bytearray()
+            for start, last in spans:
+                shift = 1 if fault == "wrong_content_range" else 0
+                body += (f"\r\n--{boundary}\r\nContent-Type: application/octet-stream\r\n"
+                         f"Content-Range: bytes {start + shift}-{last + shift}/{size}\r\n\r\n").encode()
+                if isinstance(obj, bytes):
+                    body += obj[start : last + 1]
+                else:
+                    with open(obj, "rb") as fh:
+                        fh.seek(start)
+                        body += fh.read(last - start + 1)
+            body += f"\r\n--{boundary}--\r\n".encode()
+            headers["Content-Type"] = f"multipart/byteranges; boundary={boundary}"
+            headers["Content-Length"] = str(len(body))
+            self._finish(206, headers, (bytes(body), 0, len(body)), head=head, fault=fault)
 
     return Handler
 

@@ -47,6 +47,8 @@ def files() -> dict[str, bytes]:
                            "v": base[2:, 1::3], "f8": torch.ones(5).to(torch.float8_e5m2)}),
         "/many.pt": save({f"layers.{i}.weight": torch.full((3,), float(i)) for i in range(4000)}),
         "/evil.pt": save({"w": torch.ones(2), "x": Evil()}),
+        # records ~100 KB apart: the local-header wave becomes multi-range requests
+        "/spread.pt": save({f"l{i}": torch.randn(24576, generator=g) for i in range(60)}),
     }
 
 
@@ -68,7 +70,7 @@ def scan_url(url: str, **kw: Any) -> Report:
         return scan_source(src, info=SourceInfo(kind="url", url=url, size=src.size))
 
 
-@pytest.mark.parametrize("path", ["/small.pt", "/many.pt", "/evil.pt"])
+@pytest.mark.parametrize("path", ["/small.pt", "/many.pt", "/evil.pt", "/spread.pt"])
 def test_remote_report_equals_local(srv, files, path) -> None:
     local = scan_source(BytesSource(files[path]))
     remote = scan_url(srv.url(path))
@@ -92,15 +94,16 @@ def test_many_tensor_manifest_in_two_round_trips(srv, files) -> None:
 FAULTS: list[tuple[str, dict[str, Any]]] = [
     ("ignore_range", {}), ("wrong_content_range", {}), ("wrong_total", {}), ("etag_changes", {}),
     ("no_validators", {}), ("drop_mid_body", {}), ("stall", {"stall_seconds": 1.5}),
-    ("status", {"status": 403}), ("status", {"status": 500}), ("gzip", {}),
+    ("status", {"status": 403}), ("status", {"status": 500}), ("gzip", {}), ("no_multirange", {}),
 ]
 
 
 @pytest.mark.parametrize("fault,kw", FAULTS, ids=[f"{f}{kw.get('status', '')}" for f, kw in FAULTS])
 @pytest.mark.parametrize("start_after", [0, 2, 3])
-def test_faults_give_an_error_or_the_right_manifest(srv, files, fault, kw, start_after) -> None:
+@pytest.mark.parametrize("path", ["/many.pt", "/spread.pt"])
+def test_faults_give_an_error_or_the_right_manifest(srv, files, path, fault, kw, start_after) -> None:
     """The fault starts after `start_after` requests (open, speculation, scanner reads)."""
-    local = comparable(scan_source(BytesSource(files["/many.pt"])))
+    local = comparable(scan_source(BytesSource(files[path])))
     served = [0]
     orig = srv.take_fault
 
@@ -111,7 +114,7 @@ def test_faults_give_an_error_or_the_right_manifest(srv, files, fault, kw, start
     srv.take_fault = delayed  # type: ignore[method-assign]
     srv.set_fault(fault, **kw)
     try:
-        remote = scan_url(srv.url("/many.pt"), timeout=0.5, retries=1)
+        remote = scan_url(srv.url(path), timeout=0.5, retries=1)
     except CkptError:
         return  # a clear error is fine
     assert comparable(remote) == local

@@ -297,3 +297,70 @@ def test_span_cache_merges_and_reports_gaps() -> None:
 
 def test_coalesce() -> None:
     assert coalesce([(50, 60), (0, 10), (12, 20), (200, 210)], gap=5) == [(0, 20), (50, 60), (200, 210)]
+
+
+# --- multi-range requests ----------------------------------------------------------------
+
+@pytest.fixture
+def spread(server):
+    """A 2 MB file, and 40 small spans 50 KB apart (too far apart to coalesce)."""
+    data = bytes(range(256)) * 8192
+    server.files["/spread.bin"] = data
+    return data, [(i * 50_000 + 7, 100 + i) for i in range(40)]
+
+
+def test_many_far_spans_go_as_few_multi_range_requests(server, guard, spread) -> None:
+    data, spans = spread
+    with open_src(server, "/spread.bin", guard, speculate=False, head_bytes=16, tail_bytes=16,
+                  coalesce_gap=1000) as src:
+        n0, rt0 = src.stats.requests, src.round_trips
+        assert src.read_many(spans) == [data[o:o + n] for o, n in spans]
+        assert src.stats.requests - n0 == 4 and src.round_trips - rt0 == 1  # one per worker
+        assert all(e.range and e.range.count(",") >= 9 for e in server.log[-4:])
+        assert all(e.status == 206 for e in server.log[-4:])
+
+
+def test_server_without_multi_range_falls_back_to_single_ranges(server, guard, spread) -> None:
+    data, spans = spread
+    with open_src(server, "/spread.bin", guard, speculate=False, head_bytes=16, tail_bytes=16,
+                  coalesce_gap=1000) as src:
+        server.set_fault("no_multirange")
+        assert src.read_many(spans) == [data[o:o + n] for o, n in spans]
+        assert src.stats.bytes_read < 20_000  # the 200 bodies were abandoned at once
+        assert src.read_many([(o + 1000, 5) for o, _ in spans[:8]]) == [
+            data[o + 1000:o + 1005] for o, _ in spans[:8]]
+        assert not any("," in (e.range or "") for e in server.log[-8:])
+
+
+def test_multi_range_with_shifted_parts_is_an_error(server, guard, spread) -> None:
+    _, spans = spread
+    with open_src(server, "/spread.bin", guard, speculate=False, head_bytes=16, tail_bytes=16,
+                  coalesce_gap=1000) as src:
+        server.set_fault("wrong_content_range")
+        with pytest.raises(SourceError) as exc:
+            src.read_many(spans)
+        assert exc.value.code == Code.SOURCE_HTTP and "requested ranges" in exc.value.message
+
+
+def test_multi_range_cut_mid_body_is_retried(server, guard, spread) -> None:
+    data, spans = spread
+    with open_src(server, "/spread.bin", guard, speculate=False, head_bytes=16, tail_bytes=16,
+                  coalesce_gap=1000) as src:
+        server.set_fault("drop_mid_body", times=2)
+        assert src.read_many(spans) == [data[o:o + n] for o, n in spans]
+
+
+def test_parse_byteranges_accepts_merged_parts_and_rejects_strangers() -> None:
+    from core.http_source import parse_byteranges
+
+    body = (b"\r\n--B\r\nContent-Type: x\r\nContent-Range: bytes 0-9/100\r\n\r\n" + b"a" * 10 +
+            b"\r\n--B\r\nContent-Range: bytes 50-59/100\r\n\r\n" + b"b" * 10 + b"\r\n--B--\r\n")
+    parts, complete = parse_byteranges(body, b"B", 100, {0, 5, 50}, {5, 10, 60})
+    assert complete and parts == [(0, b"a" * 10), (50, b"b" * 10)]
+    parts, complete = parse_byteranges(body[:-9], b"B", 100, {0, 5, 50}, {5, 10, 60})
+    assert not complete and parts == [(0, b"a" * 10), (50, b"b" * 10)]
+    with pytest.raises(SourceError):
+        parse_byteranges(body, b"B", 100, {1, 50}, {10, 60})
+    with pytest.raises(SourceError) as exc:
+        parse_byteranges(body, b"B", 101, {0, 50}, {10, 60})
+    assert exc.value.code == Code.SOURCE_CHANGED
