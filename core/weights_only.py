@@ -16,6 +16,7 @@ holds BASELINE_USER_GLOBALS (FORMATS.md §3.2). Storage locations "cpu", "cuda[:
 
 from __future__ import annotations
 
+import gc
 import re
 import struct
 from collections.abc import Iterable
@@ -127,6 +128,7 @@ class WeightsOnlyResult:
     protocol: int | None = None
 
 
+_U32 = struct.Struct("<I")
 _ACCEPTED = frozenset(b"\x80.c\x81R(b\x61e\x73u\x28t\x85\x86\x87N\x89\x88)]}\x8fJKM\x8a"
                       b"GXUQhjqr")
 
@@ -162,31 +164,22 @@ class _Reader:
 
     __slots__ = ("buf", "pos")
 
-    def __init__(self, buf: memoryview) -> None:
+    def __init__(self, buf: bytes) -> None:
         self.buf = buf
         self.pos = 0
 
     def read(self, n: int) -> bytes:
-        out = bytes(self.buf[self.pos:self.pos + n])
+        out = self.buf[self.pos:self.pos + n]
         self.pos += len(out)
         return out
 
     def readline(self) -> bytes:
-        end = len(self.buf)
-        # bytes.find on a memoryview slice needs bytes; search chunk-wise to stay linear
-        i = self.pos
-        while i < end:
-            chunk = bytes(self.buf[i:i + 4096])
-            j = chunk.find(b"\n")
-            if j >= 0:
-                end = i + j + 1
-                break
-            i += len(chunk)
-        return self.read(end - self.pos)
+        end = self.buf.find(b"\n", self.pos)
+        return self.read((len(self.buf) if end < 0 else end + 1) - self.pos)
 
 
 class _Emulator:
-    def __init__(self, data: memoryview, allow: frozenset[str], resolver: StorageResolver | None,
+    def __init__(self, data: bytes, allow: frozenset[str], resolver: StorageResolver | None,
                  base: int, limits: Limits, legacy: bool) -> None:
         self.r = _Reader(data)
         self.allow = allow
@@ -196,6 +189,7 @@ class _Emulator:
         self.limits = limits
         self.legacy = legacy
         self.storages: list[StorageUse] = []
+        self.seen_keys: set[str] = set()
         self.loaded: dict[Any, StorageInfo] = {}      # torch's loaded_storages / deserialized_objects
         self.info: dict[int, StorageInfo] = {}        # id(PersId) -> the storage it stands for
         self.keep: list[PersId] = []
@@ -234,17 +228,61 @@ class _Emulator:
         stack: list[Any] = []
         memo: dict[int, Any] = {}
         count = 0
+        buf, end, base = r.buf, len(r.buf), self.base
+        max_ops, max_stack, max_depth = limits.max_opcodes, limits.max_stack, limits.max_depth
+        max_memo, max_str = limits.max_memo_entries, limits.max_str_bytes
+        u32 = _U32.unpack_from
         while True:
-            self.op_offset = self.base + r.pos
+            pos = r.pos
             count += 1
-            if count > limits.max_opcodes:
-                raise self.fail("LimitExceeded", f"more than {limits.max_opcodes} opcodes")
-            if len(stack) > limits.max_stack or len(metastack) > limits.max_depth:
-                raise self.fail("LimitExceeded", "stack or MARK depth over the limit")
-            key = r.read(1)
-            if not key:
+            if count > max_ops or len(stack) > max_stack:
+                self.op_offset = base + pos
+                raise self.fail("LimitExceeded", "opcode count or stack size over the limit")
+            if pos >= end:
+                self.op_offset = base + pos
                 raise self.fail("EOFError", "")
-            op = key[0]
+            op = buf[pos]
+            pos += 1
+            # fast paths (the bulk of any torch.save pickle); each only when it cannot fail,
+            # anything else falls through to the op-by-op mirror of torch's loop below
+            if op == 0x71 and pos < end and stack and (buf[pos] in memo or len(memo) < max_memo):
+                memo[buf[pos]] = stack[-1]  # BINPUT
+                r.pos = pos + 1
+                continue
+            if op == 0x58 and pos + 4 <= end:  # BINUNICODE
+                n = u32(buf, pos)[0]
+                if n <= max_str:
+                    try:
+                        stack.append(str(buf[pos + 4:pos + 4 + n], "utf-8", "surrogatepass"))
+                        r.pos = min(pos + 4 + n, end)
+                        continue
+                    except UnicodeDecodeError:
+                        pass
+            elif op == 0x4B and pos < end:  # BININT1
+                stack.append(buf[pos])
+                r.pos = pos + 1
+                continue
+            elif op == 0x68 and pos < end and buf[pos] in memo:  # BINGET
+                stack.append(memo[buf[pos]])
+                r.pos = pos + 1
+                continue
+            elif op == 0x28 and len(metastack) < max_depth:  # MARK
+                metastack.append(stack)
+                stack = []
+                r.pos = pos
+                continue
+            elif op == 0x74 and metastack:  # TUPLE
+                items = stack
+                stack = metastack.pop()
+                stack.append(tuple(items))
+                r.pos = pos
+                continue
+            elif op == 0x89 or op == 0x29:  # NEWFALSE / EMPTY_TUPLE
+                stack.append(False if op == 0x89 else ())
+                r.pos = pos
+                continue
+            self.op_offset = base + pos - 1
+            r.pos = pos
             if op not in _ACCEPTED:
                 raise self.fail("UnpicklingError", f"Unsupported operand {op}")
             try:
@@ -291,6 +329,8 @@ class _Emulator:
                             raise self.fail("IndexError", "list index out of range")
                         self.setitem(stack[-1], items[i], items[i + 1])
                 elif op == 0x28:  # MARK
+                    if len(metastack) >= max_depth:
+                        raise self.fail("LimitExceeded", "MARK nesting over the limit")
                     metastack.append(stack)
                     stack = []
                 elif op == 0x74:  # TUPLE
@@ -327,7 +367,7 @@ class _Emulator:
                     stack.append(self.unpack(">d", 8))
                 elif op == 0x58:  # BINUNICODE
                     n = self.unpack("<I", 4)
-                    if n > limits.max_str_bytes:
+                    if n > max_str:
                         raise self.fail("LimitExceeded", f"{n}-byte string")
                     raw = r.read(n)
                     try:
@@ -531,7 +571,8 @@ class _Emulator:
                 if err is not None:
                     raise _Stop(TorchError(err.type, err.message, self.op_offset))
             info = StorageInfo(skey, dtype, nbytes, resizable=self.legacy)
-            if not any(u.key == skey for u in self.storages):
+            if skey not in self.seen_keys:
+                self.seen_keys.add(skey)
                 self.storages.append(StorageUse(skey, st_name, dtype, numel, nbytes, location,
                                                 self.op_offset))
             if nbytes > 0 or self.legacy:  # torch caches only storages with a data pointer
@@ -556,6 +597,11 @@ class _Emulator:
         return StorageInfo(f"{info.key}:{view[0]}", info.dtype, length, resizable=True)
 
 
+def _as_bytes(data: bytes | memoryview) -> bytes:
+    # one copy of a memoryview (bounded by Limits.max_pickle_bytes upstream) buys bytes.find
+    return data if isinstance(data, bytes) else memoryview(data).cast("B").tobytes()
+
+
 def emulate(data: bytes | memoryview, *, allow: frozenset[str] = frozenset(),
             resolver: StorageResolver | None = None, base_offset: int = 0,
             limits: Limits = DEFAULT_LIMITS, legacy: bool = False) -> WeightsOnlyResult:
@@ -564,8 +610,9 @@ def emulate(data: bytes | memoryview, *, allow: frozenset[str] = frozenset(),
     >>> emulate(b"\\x80\\x02}q\\x00.").loadable
     True
     """
-    view = memoryview(data).cast("B") if not isinstance(data, bytes) else memoryview(data)
-    em = _Emulator(view, frozenset(allow), resolver, base_offset, limits, legacy)
+    em = _Emulator(_as_bytes(data), frozenset(allow), resolver, base_offset, limits, legacy)
+    gc_was_enabled = gc.isenabled()
+    gc.disable()  # millions of young container objects: the cyclic GC would rescan them all
     try:
         root = em.run()
         return WeightsOnlyResult(True, None, root, em.storages, em.r.pos, em.protocol)
@@ -575,6 +622,9 @@ def emulate(data: bytes | memoryview, *, allow: frozenset[str] = frozenset(),
         error = TorchError("LimitExceeded", "value nesting too deep", em.op_offset)
     except MemoryError:
         error = TorchError("LimitExceeded", "out of memory", em.op_offset)
+    finally:
+        if gc_was_enabled:
+            gc.enable()
     return WeightsOnlyResult(False, error, None, em.storages, em.op_offset - base_offset, em.protocol)
 
 
@@ -583,7 +633,7 @@ _WALK_ARGS = {0x4A: 4, 0x4B: 1, 0x4D: 2, 0x47: 8, 0x68: 1, 0x6A: 4, 0x71: 1, 0x7
 
 def unsafe_globals(data: bytes | memoryview, allow: frozenset[str] = frozenset()) -> list[str] | TorchError:
     """`torch.serialization.get_unsafe_globals_in_checkpoint`'s walk of data.pkl (sorted)."""
-    r = _Reader(memoryview(data))
+    r = _Reader(_as_bytes(data))
     found: set[str] = set()
     allowed = ALLOWED_GLOBALS | BASELINE_USER_GLOBALS | allow
     while True:
