@@ -380,6 +380,7 @@ def expr_is_plain(expr: str) -> bool:
     pos = 0
     depth = 0
     prev_id = ""
+    prev_op = ""
     while pos < len(expr):
         m = _EXPR_TOKEN.match(expr, pos)
         if m is None:
@@ -394,10 +395,18 @@ def expr_is_plain(expr: str) -> bool:
             if word not in _EXPR_FUNCS:
                 return False
             prev_id = word
+        elif m.lastgroup == "num":
+            # sympify evaluates integer arithmetic eagerly: no huge literals or exponents
+            if len(m.group()) > 12 or (prev_op == "**" and float(m.group()) > 64):
+                return False
         elif m.lastgroup == "str":
             if prev_id != "Symbol":
                 return False
-        elif m.lastgroup == "op":
+        if prev_op == "**" and m.group() == "(":
+            return False       # only a literal or a symbol may be an exponent
+        if m.lastgroup is not None:
+            prev_op = m.group() if m.lastgroup == "op" else ""
+        if m.lastgroup == "op":
             if m.group() == "(":
                 depth += 1
                 if depth > 64:

@@ -274,11 +274,20 @@ def pt2_modules() -> dict[str, Any]:
         def forward(self, x: Any) -> Any:
             return torch.relu(self.bn(self.conv(x)))
 
+    class Cond(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.ones(3))
+
+        def forward(self, x: Any) -> Any:
+            return torch.cond(x.sum() > 0, lambda x: x + self.w, lambda x: x - self.w, (x,))
+
     batch = torch.export.Dim("batch", min=1, max=64)
     return {
         "full": (Full(), (torch.randn(2, 4),), {"x": {0: batch}}),
         "tied": (Tied(), (torch.tensor([[1, 2, 3]]),), None),
         "conv": (Conv().eval(), (torch.randn(2, 2, 6, 6),), {"x": {0: batch}}),
+        "cond": (Cond(), (torch.randn(3),), None),
     }
 
 

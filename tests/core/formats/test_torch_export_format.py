@@ -334,3 +334,26 @@ def test_target_problem_table() -> None:
     assert problem is not None and problem[2] is True
     problem = target_problem("#custom:op", training=True)
     assert problem is not None and problem[2] is False
+
+
+def test_higher_order_subgraphs_are_checked() -> None:
+    data = pt2_bytes("cond")
+    report = scan(data)
+    assert report.verdict == "safe", [f.to_json() for f in report.findings]
+    assert "torch.ops.higher_order.cond" in report.extra["pt2"]["models"]["model"]["targets"]
+
+    def evil(doc: Any) -> None:
+        for node in doc["graph_module"]["graph"]["nodes"]:
+            for inp in node["inputs"]:
+                sub = inp["arg"].get("as_graph")
+                if sub:
+                    sub["graph"]["nodes"][0]["target"] = "torch.hub.load"
+
+    report = scan(edit_json(data, MODEL, evil))
+    assert Code.PT2_UNSAFE_TARGET in codes(report) and report.verdict == "unsafe"
+
+
+@pytest.mark.parametrize("expr", ["2**99999999", "s0**100000", "12345678901234567890*s0",
+                                  "(2**30)**(2**30)"])
+def test_expr_grammar_refuses_number_blowups(expr: str) -> None:
+    assert not expr_is_plain(expr)
