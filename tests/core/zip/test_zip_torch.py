@@ -239,3 +239,24 @@ def test_archives_miniz_refuses_we_refuse(records: list[tuple[str, bytes]], tmp_
         torch._C.PyTorchFileReader(str(path))
     with pytest.raises(CkptError):
         read_directory(FileSource(path))
+
+
+@pytest.mark.parametrize("appended", [65_000, 65_535, 67_000, 69_000, 69_560, 69_600, 200_000])
+def test_eocd_search_window_matches_miniz(records: list[tuple[str, bytes]], tmp_path: Path,
+                                          appended: int) -> None:
+    """miniz stops ~64 KiB back, and (int64 - size_t wrap) never reads a block before byte 0."""
+    path = _write(tmp_path, build_zip(_members(records), append=b"\0" * appended))
+    try:
+        torch._C.PyTorchFileReader(str(path))
+        torch_ok = True
+    except RuntimeError as exc:
+        assert "failed finding central directory" in str(exc)
+        torch_ok = False
+    try:
+        d = read_directory(FileSource(path))
+        ours_ok = True
+        assert d.archive_end == d.size - appended
+    except CkptError as exc:
+        assert exc.code is Code.ZIP_NO_EOCD
+        ours_ok = False
+    assert ours_ok == torch_ok

@@ -346,3 +346,17 @@ def test_entry_disk_numbers_like_miniz() -> None:
     assert len(read_directory(_src(bytes(data))).entries) == 3
     struct.pack_into("<H", data, cd + 34, 5)
     assert _err(bytes(data)).code is Code.ZIP_MULTIPLE_DISKS
+
+
+def test_tail_read_is_bounded_by_miniz_window() -> None:
+    from core.zipdir import eocd_search_start
+
+    assert eocd_search_start(100) == 0
+    assert eocd_search_start(4096) == 0
+    size = 10 * 2**20
+    start = eocd_search_start(size)
+    assert 65_557 <= size - start < 65_557 + 4093
+    src = _src(build_zip(_members(), append=b"\0" * 300_000))
+    with pytest.raises(FormatError):
+        read_directory(src)
+    assert src.stats.bytes_read < 70_000
