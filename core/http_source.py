@@ -3,7 +3,8 @@
 Strategy (issue 4):
 1. Open = one round trip: two CONCURRENT ranged GETs, the head (`bytes=0-H`; torch
    writes data.pkl first) and the tail (`bytes=-T`: EOCD, zip64 records, central
-   directory). The first `Content-Range` gives the size.
+   directory). The first `Content-Range` gives the size. A safetensors header larger
+   than the head is completed by one more request (at most two for the header).
 2. Zip speculation (a hint, never trusted): if the tail holds an EOCD whose central
    directory is not all cached yet, round trip 2 fetches it and, concurrently, opens a
    ranged stream right after the head; once the directory's first entry (data.pkl)
@@ -360,9 +361,24 @@ class HttpSource:
             raise SourceError(Code.SOURCE_HTTP, "the server did not tell the file size")
         if speculate and self._size > self._head_bytes and not self._range_ignored:
             try:
-                self._speculate_zip()
+                if not self._speculate_safetensors():
+                    self._speculate_zip()
             except CkptError:
                 pass  # a hint only: the scanner's own reads will meet the real error
+
+    def _speculate_safetensors(self) -> bool:
+        """safetensors: u64 N + N bytes of JSON (FORMATS.md §6); fetch the rest of a big header."""
+        with self._lock:
+            head = self._cache.get(0, self._head_bytes)
+        if head is None or len(head) < 9:
+            return False
+        (n,) = struct.unpack_from("<Q", head)
+        if not 2 <= n <= self._limits.max_header_bytes or 8 + n > self.size \
+                or head[8:].lstrip(b" \t\r\n")[:1] != b"{":
+            return False
+        if 8 + n > self._head_bytes:
+            self.read_many([(self._head_bytes, 8 + n - self._head_bytes)])
+        return True
 
     def _speculate_zip(self) -> None:
         """Round trip 2 for big torch zips: the central directory + the rest of data.pkl."""

@@ -150,3 +150,24 @@ def test_big_endian_storages_are_swapped_like_torch() -> None:
 def test_unmappable_dtype() -> None:
     with pytest.raises(TensorUnreadable):
         numpy_dtype("quint4x2")
+
+
+def test_safetensors_over_http(server, guard, tmp_path) -> None:
+    st = pytest.importorskip("safetensors.torch")
+    from core.loader import open_checkpoint
+
+    g = torch.Generator().manual_seed(3)
+    tensors = {f"blocks.{i}.attn.weight": torch.randn(4, 3, generator=g).bfloat16() for i in range(3000)}
+    tensors["f8"] = torch.randn(16, generator=g).to(torch.float8_e4m3fn)
+    tensors["i32"] = torch.arange(7, dtype=torch.int32)
+    data = st.save(tensors)
+    assert int.from_bytes(data[:8], "little") > 65536  # the header outgrows the head read
+    server.files["/m.safetensors"] = data
+    with open_checkpoint(server.url("/m.safetensors"), guard=guard) as ckpt:
+        assert ckpt.report.format == "safetensors" and len(ckpt.names) == len(tensors)
+        header_requests = ckpt.source.stats.requests - 1  # minus the concurrent tail read
+        assert header_requests <= 2
+        got = ckpt.read_tensors(["f8", "i32", "blocks.7.attn.weight"])
+    for name in got:
+        assert got[name].tobytes() == torch_bytes(tensors[name]), name
+        assert got[name].shape == tuple(tensors[name].shape)
