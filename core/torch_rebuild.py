@@ -214,6 +214,13 @@ def _check_view(st: StorageInfo, itemsize: int, offset: Any, size: Any, stride: 
     shape, strides = _int_seq(size), _int_seq(stride)
     if not _is_int(offset) or shape is None or strides is None or abs(offset) >= _INT64_SAFE:
         raise unmodelled("set_() with a non-int offset or size/stride that is not a sequence of ints")
+    if not strides and shape:
+        # an empty stride means "not given": set_ uses contiguous strides (measured)
+        acc, rev = 1, []
+        for dim in reversed(shape):
+            rev.append(acc)
+            acc *= max(dim, 1)
+        strides = tuple(reversed(rev))
     if len(shape) != len(strides):
         raise Fail("RuntimeError", f"unequal size length ({len(shape)}) and stride length ({len(strides)})")
     if offset < 0:

@@ -316,3 +316,69 @@ def test_legacy_pickles_match_torch(legacy_oracle: dict[str, Any], name: str) ->
         assert not last.loadable, (name, want)
         assert last.error is not None
         assert (last.error.type, last.error.wrapped()) == (want["type"], want["msg"]), (name, last.error)
+
+
+# -- random programs over the accepted opcode set: torch and emulate must agree ------------
+
+_POOL: list[list[Any]] = [
+    ["NONE"], ["NEWTRUE"], ["NEWFALSE"], [("BININT1", 2)], [("BININT", -1)], [("BINFLOAT", 0.5)],
+    [("BINUNICODE", "a")], [("BINUNICODE", "cpu")], [("BINUNICODE", "storage")], ["EMPTY_DICT"],
+    [("BINUNICODE", "latin1")], [("BINUNICODE", "bogus")], [("BINUNICODE", "torch.sparse_coo")],
+    [("BINUNICODE", "cuda")], [("BININT1", 0)], [("SHORT_BINSTRING", b"x")], [("LONG1", 2**70)],
+    ["EMPTY_LIST"], ["EMPTY_TUPLE"], ["EMPTY_SET"], ["MARK"], ["TUPLE"], ["TUPLE1"], ["TUPLE2"],
+    ["TUPLE3"], ["SETITEM"], ["SETITEMS"], ["APPEND"], ["APPENDS"], ["BUILD"], ["REDUCE"], ["REDUCE"],
+    ["NEWOBJ"], [("BINPUT", 0)], [("BINGET", 0)], [("BINPUT", 1)], [("BINGET", 1)], ["BINPERSID"],
+    *[[("GLOBAL", *full.rsplit(".", 1))] for full in (
+        "collections.OrderedDict", "collections.Counter", "torch.Size", "torch.device", "builtins.set",
+        "builtins.complex", "builtins.bytearray", "_codecs.encode", "torch.float32", "torch.FloatStorage",
+        "torch.serialization._get_layout", "torch._utils._rebuild_tensor_v2", "torch.Tensor",
+        "torch.per_tensor_affine", "torch.storage.UntypedStorage", "torch.nn.parameter.Parameter")],
+]
+
+
+def _random_program(rng: Any) -> bytes:
+    from tests.core.weights_only.cases import pid, pk, v2
+
+    items: list[Any] = []
+    for _ in range(rng.randint(1, 12)):
+        r = rng.random()
+        if r < 0.05:
+            items += pid(numel=rng.choice([4, 2, 0]), key=rng.choice(["0", "1"]))
+        elif r < 0.1:
+            items += v2(pid(numel=4), off=rng.choice([0, 1, -1]), size=rng.choice([(4,), (2, 2), (5,), ()]),
+                        stride=rng.choice([(1,), (2, 1), ()]))
+        else:
+            items += rng.choice(_POOL)
+    return pk(*items)
+
+
+@pytest.fixture(scope="module")
+def random_oracle(tmp_path_factory: pytest.TempPathFactory) -> list[tuple[bytes, dict[str, Any]]]:
+    import random
+
+    rng = random.Random(20261123)
+    tmp = tmp_path_factory.mktemp("rand")
+    programs = [_random_program(rng) for _ in range(600)]
+    jobs = []
+    for n, prog in enumerate(programs):
+        path = write_zip(tmp / f"r{n}.pt", prog, {"data/0": b"\0" * 16})
+        jobs.append({"path": str(path), "mode": "load"})
+    return list(zip(programs, run_oracle(jobs, tmp), strict=True))
+
+
+@pytest.mark.slow
+def test_random_programs_match_torch(random_oracle: list[tuple[bytes, dict[str, Any]]]) -> None:
+    modelled = 0
+    mismatches = []
+    for prog, want in random_oracle:
+        got = emulate(prog, resolver=Records({"data/0": b"\0" * 16}))
+        if got.error is not None and got.error.type == "Unmodelled":
+            assert not got.loadable
+            continue
+        modelled += 1
+        same = got.loadable == want["ok"] and (want["ok"] or (
+            got.error is not None and (got.error.type, got.error.wrapped()) == (want["type"], want["msg"])))
+        if not same:
+            mismatches.append((prog, got.error, want))
+    assert not mismatches, mismatches[:3]
+    assert modelled > 500
