@@ -1,0 +1,34 @@
+# ckptguard service image: multi-stage, non-root, no build tools in the final stage.
+#   docker build -t ckptguard .            (podman: see shared/docs/CONTAINERS.md)
+#   docker run -p 8000:8000 -v ckptguard-data:/data ckptguard
+ARG BASE=python:3.11-slim
+
+FROM ${BASE} AS build
+ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY core ./core
+COPY app ./app
+# Wheels only: nothing is compiled, so the base needs no compiler.
+RUN python3 -m venv /opt/venv \
+ && /opt/venv/bin/pip install --only-binary=:all: --no-compile 'setuptools>=68' wheel \
+ && /opt/venv/bin/pip install --no-build-isolation '.[postgres]' \
+ && /opt/venv/bin/pip uninstall -y pip setuptools wheel \
+ && find /opt/venv -name '__pycache__' -prune -exec rm -rf {} +
+
+FROM ${BASE}
+LABEL org.opencontainers.image.title="ckptguard" \
+      org.opencontainers.image.description="Checkpoint scanner service: judges model files without executing them"
+COPY --from=build /opt/venv /opt/venv
+RUN useradd --system --uid 10001 --home-dir /data --shell /usr/sbin/nologin ckptguard \
+ && mkdir -p /data && chown ckptguard /data
+ENV PATH=/opt/venv/bin:$PATH \
+    PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 \
+    CKPTGUARD_HOST=0.0.0.0 CKPTGUARD_PORT=8000 CKPTGUARD_DATA_DIR=/data
+USER ckptguard
+WORKDIR /data
+VOLUME ["/data"]
+EXPOSE 8000
+HEALTHCHECK --interval=15s --timeout=5s --start-period=20s --retries=3 \
+  CMD ["python3", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:' + os.environ.get('CKPTGUARD_PORT', '8000') + '/healthz', timeout=4)"]
+CMD ["ckptguard", "serve"]

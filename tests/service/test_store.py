@@ -1,0 +1,105 @@
+"""The store: Alembic owns the schema, reports survive a restart, SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+
+from app.store import Store, decode_cursor, encode_cursor, policy_key
+from app.tables import metadata
+
+PG_URL = os.environ.get("CKPTGUARD_TEST_POSTGRES_URL")
+
+
+def report(sha: str, verdict: str = "safe", version: str = "0.1.0") -> dict:
+    return {"schema_version": 1, "scanner": {"name": "ckptguard", "version": version,
+                                             "policy": "p"},
+            "source": {"kind": "upload", "name": "m.pt", "size": 3, "sha256": sha},
+            "format": "pickle", "verdict": verdict, "findings": [], "tensors": [{"name": "é"}]}
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def url(request, tmp_path: Path) -> Iterator[str]:
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'nested' / 'dir' / 'c.db'}"
+        return
+    if not PG_URL:
+        pytest.skip("CKPTGUARD_TEST_POSTGRES_URL is not set (.ci/run starts PostgreSQL and sets it)")
+    # A private schema per test: runs never see each other's rows.
+    schema = f"t_{uuid.uuid4().hex[:12]}"
+    admin = sa.create_engine(PG_URL)
+    with admin.begin() as conn:
+        conn.execute(sa.text(f'CREATE SCHEMA "{schema}"'))
+    sep = "&" if "?" in PG_URL else "?"
+    yield f"{PG_URL}{sep}options=-csearch_path%3D{schema}"
+    with admin.begin() as conn:
+        conn.execute(sa.text(f'DROP SCHEMA "{schema}" CASCADE'))
+    admin.dispose()
+
+
+def test_migrations_match_the_tables(url: str) -> None:
+    store = Store.open(url)
+    try:
+        with store.engine.connect() as conn:
+            diff = compare_metadata(MigrationContext.configure(conn), metadata)
+            version = conn.execute(sa.text("SELECT version_num FROM alembic_version")).scalar()
+        assert diff == []
+        assert version == "0001"
+    finally:
+        store.close()
+
+
+def test_reports_survive_reopen_and_cache_key(url: str) -> None:
+    sha = "ab" * 32
+    store = Store.open(url)
+    saved = store.save(report(sha, "unsafe"), policy="p", cacheable=True)
+    store.save(report(sha, "invalid"), policy="p", cacheable=False)   # worker failure: not cached
+    store.close()
+    store = Store.open(url)                                           # migrate again: idempotent
+    try:
+        got = store.get(saved.id)
+        assert got is not None and got.report == report(sha, "unsafe")
+        assert got.created_at.tzinfo is not None
+        hit = store.find_cached(sha, "0.1.0", "p")
+        assert hit is not None and hit.id == saved.id
+        assert store.find_cached(sha, "0.2.0", "p") is None
+        assert store.find_cached(sha, "0.1.0", "other") is None
+        assert store.find_cached("cd" * 32, "0.1.0", "p") is None
+        assert [s.report["verdict"] for s in store.list(sha256=sha).items] == ["invalid", "unsafe"]
+    finally:
+        store.close()
+
+
+def test_pagination_is_stable(url: str) -> None:
+    store = Store.open(url)
+    try:
+        ids = [store.save(report(f"{i:064x}"), policy="p", cacheable=True).id for i in range(7)]
+        seen, cursor = [], None
+        while True:
+            page = store.list(limit=3, cursor=cursor)
+            seen += [s.id for s in page.items]
+            if page.next_cursor is None:
+                break
+            cursor = page.next_cursor
+        assert seen == ids[::-1]
+    finally:
+        store.close()
+
+
+def test_cursor_roundtrip_and_rejects() -> None:
+    assert decode_cursor(encode_cursor(12345)) == 12345
+    for bad in ("", "!!", "eHl6", encode_cursor(1) + "A" * 40):
+        with pytest.raises(ValueError):
+            decode_cursor(bad)
+
+
+def test_policy_key_includes_allowlist() -> None:
+    assert policy_key("pol", frozenset()) == "pol"
+    assert policy_key("pol", frozenset({"b.B", "a.A"})) == "pol+allow:a.A,b.B"
