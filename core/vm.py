@@ -290,6 +290,11 @@ class _Machine:
                                     offset=base + pos - 1)
             memo[idx] = stack[-1]
 
+        def mutated(obj: Global | ExtRef, opcode: str, pos: int) -> None:
+            # Real pickle would change the imported object itself: no Call shows it.
+            what = obj.full if type(obj) is Global else f"extension code {obj.code}"  # type: ignore[union-attr]
+            vm.note(Code.PICKLE_GLOBAL_MUTATION, f"{opcode} on {what}", pos - 1)
+
         # ---- stack and mark ----
         def op_mark(pos: int) -> int:
             marks.append(len(stack))
@@ -468,7 +473,13 @@ class _Machine:
             return pos
 
         def op_tuple(pos: int) -> int:
-            push(tuple(pop_mark(pos)))
+            if marks and marks[-1] <= len(stack):      # pop_mark() inlined for the common case
+                k = marks.pop()
+                items = tuple(stack[k:])
+                del stack[k:]
+                push(items)
+            else:
+                push(tuple(pop_mark(pos)))
             return pos
 
         def op_tuple1(pos: int) -> int:
@@ -516,6 +527,8 @@ class _Machine:
                 obj.append(value)
             elif t is Call:
                 obj.appends.append(value)
+            elif t is Global or t is ExtRef:
+                mutated(obj, "APPEND", pos)
             return pos
 
         def op_appends(pos: int) -> int:
@@ -528,6 +541,8 @@ class _Machine:
                     raise too_big(pos, len(obj))
             elif t is Call:
                 obj.appends.extend(items)
+            elif t is Global or t is ExtRef:
+                mutated(obj, "APPENDS", pos)
             return pos
 
         def op_setitem(pos: int) -> int:
@@ -541,6 +556,8 @@ class _Machine:
                 obj[k if type(k) is str else key(k)] = value
             elif t is Call:
                 obj.setitems.append((k, value))
+            elif t is Global or t is ExtRef:
+                mutated(obj, "SETITEM", pos)
             return pos
 
         def op_setitems(pos: int) -> int:
@@ -554,6 +571,8 @@ class _Machine:
                     raise FormatError(Code.PICKLE_MALFORMED, "odd number of items for SETITEMS",
                                       offset=base + pos - 1)
                 obj.setitems.extend(zip(items[::2], items[1::2], strict=True))
+            elif t is Global or t is ExtRef:
+                mutated(obj, "SETITEMS", pos)
             return pos
 
         def op_additems(pos: int) -> int:
@@ -566,15 +585,24 @@ class _Machine:
                     raise too_big(pos, len(obj))
             elif t is Call:
                 obj.appends.extend(items)
+            elif t is Global or t is ExtRef:
+                mutated(obj, "ADDITEMS", pos)
             return pos
 
         # ---- memo ----
         def op_binput(pos: int) -> int:
-            put(pos, data[pos])
+            if len(memo) >= max_memo:
+                put(pos, data[pos])
+            else:
+                memo[data[pos]] = stack[-1]
             return pos + 1
 
         def op_long_binput(pos: int) -> int:
-            put(pos, _U32(data, pos)[0])
+            # the most frequent opcode of torch's data.pkl: put() inlined (bench note atop)
+            if len(memo) >= max_memo:
+                put(pos, _U32(data, pos)[0])
+            else:
+                memo[_U32(data, pos)[0]] = stack[-1]
             return pos + 4
 
         def op_put(pos: int) -> int:
@@ -665,8 +693,11 @@ class _Machine:
         def op_build(pos: int) -> int:
             state = pop()
             obj = stack[-1]
-            if type(obj) is Call:
+            t = type(obj)
+            if t is Call:
                 obj.state.append(state)
+            elif t is Global or t is ExtRef:
+                mutated(obj, "BUILD", pos)     # __setstate__ or __dict__.update on the real object
             return pos
 
         def op_persid(pos: int) -> int:

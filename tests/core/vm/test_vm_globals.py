@@ -149,3 +149,25 @@ def test_raw_globals_equal_real_unpickler(state_dict_pkl: bytes) -> None:
                       for op, _a, _p in pickletools.genops(data))
         assert len(r.calls) == n_calls
         assert all(isinstance(c, Call) for c in r.calls)
+
+
+def test_mutating_an_imported_object_is_noted() -> None:
+    # sys.path.append('/tmp/evil'), os.environ['LD_PRELOAD'] = ..., BUILD on a module: no Call at all.
+    cases = {
+        "APPEND": (("GLOBAL", "sys", "path"), ("BINUNICODE", "/tmp/e"), "APPEND"),
+        "APPENDS": (("GLOBAL", "sys", "path"), "MARK", ("BINUNICODE", "/tmp/e"), "APPENDS"),
+        "SETITEM": (("GLOBAL", "os", "environ"), ("BINUNICODE", "LD_PRELOAD"), ("BINUNICODE", "x"),
+                    "SETITEM"),
+        "SETITEMS": (("GLOBAL", "os", "environ"), "MARK", ("BINUNICODE", "A"), ("BINUNICODE", "x"),
+                     "SETITEMS"),
+        "ADDITEMS": (("PROTO", 4), ("EXT1", 9), "MARK", "NONE", "ADDITEMS"),
+        "BUILD": (("GLOBAL", "os", "path"), "EMPTY_DICT", ("BINUNICODE", "join"), "NONE", "SETITEM",
+                  "BUILD"),
+    }
+    for opcode, items in cases.items():
+        r = run_vm(asm(*items, "STOP"))
+        assert r.complete and r.calls == []
+        muts = [(m, o) for c, m, o in r.notes if c is Code.PICKLE_GLOBAL_MUTATION]
+        assert len(muts) == 1 and muts[0][0].startswith(f"{opcode} on "), (opcode, r.notes)
+    r = run_vm(asm(("GLOBAL", "sys", "path"), ("BINUNICODE", "/tmp/e"), "APPEND", "STOP"))
+    assert r.notes == [(Code.PICKLE_GLOBAL_MUTATION, "APPEND on sys.path", len("csys\npath\n") + 11)]
