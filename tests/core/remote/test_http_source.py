@@ -267,18 +267,31 @@ def test_connection_goes_to_the_checked_address(server, small_ckpt) -> None:
 
 
 def test_dns_rebinding_is_refused_at_connect_time(server) -> None:
-    answers = iter([["127.0.0.1"], ["10.11.12.13"], ["10.11.12.13"]])
+    """First answer 127.0.0.1 (allowed), then 10.11.12.13: every new connection re-checks."""
     calls: list[str] = []
 
     def rebinding(host: str, port: int) -> list[str]:
         calls.append(host)
-        return next(answers, ["10.11.12.13"])
+        return ["127.0.0.1"] if len(calls) == 1 else ["10.11.12.13"]
 
     guard = UrlGuard(allowlist=("127.0.0.1",), resolver=rebinding)
+    url = server.url("/many.pt", host="rebind.test")
     with pytest.raises(SourceError) as exc:
-        HttpSource(server.url("/small.pt", host="rebind.test"), guard=guard, retries=0)
+        # open needs two concurrent connections: the second one is usually refused already;
+        # if the pool reused the first, a dropped body forces a new connection on retry
+        src = HttpSource(url, guard=guard, retries=1, backoff=0.01, speculate=False)
+        server.set_fault("drop_mid_body")
+        src.read_at(200_000, 5000)
     assert exc.value.code == Code.SOURCE_URL_REFUSED and "10.11.12.13" in exc.value.message
-    assert calls  # resolution happened at connect time, per connection
+    assert len(calls) >= 2
+
+
+def test_name_resolving_to_private_address_is_refused_at_connect(server) -> None:
+    guard = UrlGuard(resolver=lambda h, p: ["10.11.12.13"])
+    with pytest.raises(SourceError) as exc:
+        HttpSource(server.url("/small.pt", host="inside.test"), guard=guard, retries=0)
+    assert exc.value.code == Code.SOURCE_URL_REFUSED
+    assert server.requests == 0
 
 
 # --- pure helpers -----------------------------------------------------------------------
