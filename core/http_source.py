@@ -239,6 +239,8 @@ class HttpSource:
         self._origin = origin_of(url)
         self._user_headers = dict(headers or {})
         self._limits = limits
+        # Limits.max_bytes_read caps what a scan may read; a loader lifts it (None) after the scan
+        self.budget: int | None = limits.max_bytes_read
         self._timeout = timeout
         self._retries = max(0, retries)
         self._backoff = backoff
@@ -451,10 +453,10 @@ class HttpSource:
         self.round_trips += max(max(hops, default=0), -(-sum(hops) // self._workers))
 
     def _charge_check(self, nbytes: int) -> None:
-        if self.stats.bytes_read + nbytes > self._limits.max_bytes_read:
+        if self.budget is not None and self.stats.bytes_read + nbytes > self.budget:
             raise LimitExceeded(Code.LIMIT_BYTES_READ,
                                 f"reading {nbytes} more bytes would exceed the "
-                                f"{self._limits.max_bytes_read}-byte budget "
+                                f"{self.budget}-byte budget "
                                 f"({self.stats.bytes_read} read so far)")
 
     def _fetch(self, want: _Want) -> None:
@@ -593,7 +595,7 @@ class HttpSource:
         need = None if want.suffix is not None else want.end
         if need is not None and total is not None:
             need = min(need, total)
-        budget = self._limits.max_bytes_read - self.stats.bytes_read
+        budget = None if self.budget is None else self.budget - self.stats.bytes_read
         body = self._read_body(resp, need, exact=False, budget=budget)
         if need is None or len(body) < need:
             if total is not None and len(body) != total:
@@ -656,7 +658,7 @@ class HttpSource:
             if budget is not None and got > budget:
                 raise LimitExceeded(Code.LIMIT_BYTES_READ,
                                     f"server ignores Range and the body exceeds the "
-                                    f"{self._limits.max_bytes_read}-byte budget")
+                                    f"{self.budget}-byte budget")
         if exact and nbytes is not None and got < nbytes:
             with self._lock:
                 self.stats.bytes_read += got

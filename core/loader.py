@@ -184,6 +184,8 @@ def open_checkpoint(target: str, *, headers: Mapping[str, str] | None = None,
         if callable(close):
             close()
         raise
+    if hasattr(source, "budget"):
+        source.budget = None  # the scan's byte budget is spent; tensor reads are asked for
     return RemoteCheckpoint(source, report)
 
 

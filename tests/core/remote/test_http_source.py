@@ -89,6 +89,8 @@ def test_byte_budget(server, guard) -> None:
         with pytest.raises(LimitExceeded) as exc:
             src.read_at(0, 150_000)
         assert exc.value.code == Code.LIMIT_BYTES_READ
+        src.budget = None  # what core.loader does once the scan is done
+        assert len(src.read_at(0, 150_000)) == 150_000
 
 
 # --- fault injection ---------------------------------------------------------------
