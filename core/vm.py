@@ -110,6 +110,20 @@ def run_vm(data: bytes | memoryview, *, start: int = 0, base_offset: int = 0,
     return _Machine(buf, start, base_offset, limits).run()
 
 
+def describe(value: Any) -> str:
+    """A short, safe text for a value of any shape (repr() could recurse or be huge)."""
+    t = type(value)
+    if t is int and value.bit_length() > 256:
+        return f"<int of {value.bit_length()} bits>"
+    if t in (int, float, bool) or value is None:
+        return repr(value)
+    if t in (str, bytes, bytearray):
+        return repr(value[:100]) + ("..." if len(value) > 100 else "")
+    if t is Global:
+        return f"<global {value.full}>"
+    return f"<{t.__name__}>"
+
+
 def hashable_key(value: Any) -> Any:
     """`value` if it can be a dict key / set member safely, else `Unhashable(value)`."""
     t = type(value)
@@ -642,8 +656,8 @@ class _Machine:
             if type(module) is not str or type(name) is not str:
                 # pickle.py: "STACK_GLOBAL requires str"; keep going with what it was given.
                 vm.note(Code.PICKLE_NON_ASCII_GLOBAL, "STACK_GLOBAL operands are not both str", pos - 1)
-                module = module if type(module) is str else repr(module)[:200]
-                name = name if type(name) is str else repr(name)[:200]
+                module = module if type(module) is str else describe(module)
+                name = name if type(name) is str else describe(name)
             push(vm.add_global(module, name, "STACK_GLOBAL", pos - 1))
             return pos
 

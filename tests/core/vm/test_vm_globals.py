@@ -171,3 +171,12 @@ def test_mutating_an_imported_object_is_noted() -> None:
         assert len(muts) == 1 and muts[0][0].startswith(f"{opcode} on "), (opcode, r.notes)
     r = run_vm(asm(("GLOBAL", "sys", "path"), ("BINUNICODE", "/tmp/e"), "APPEND", "STOP"))
     assert r.notes == [(Code.PICKLE_GLOBAL_MUTATION, "APPEND on sys.path", len("csys\npath\n") + 11)]
+
+
+def test_stack_global_operands_of_any_shape_are_described_safely() -> None:
+    deep_list = b"]" * 50_000 + b"a" * 49_999
+    for operand, text in [(deep_list, "<list>"), (asm(("LONG4", 10**4000)), "<int of 13288 bits>"),
+                          (asm(("BINBYTES", b"x" * 500)), repr(b"x" * 100) + "..."),
+                          (asm(("GLOBAL", "a", "b")), "<global a.b>"), (asm("NONE"), "None")]:
+        r = run_vm(asm(("RAW", operand), ("BINUNICODE", "n"), "STACK_GLOBAL", "STOP"))
+        assert r.complete and r.globals[-1].module == text and r.globals[-1].name == "n"
