@@ -24,12 +24,12 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from core.analysis import Analysis
 from core.dtypes import EXPORT_SCALAR_TYPE, ITEMSIZE
-from core.errors import CkptError, Code, FormatError, LimitExceeded, SourceError
+from core.errors import CkptError, Code, FormatError, LimitExceeded, Severity, SourceError
 from core.formats.export_verifier import verify_program
 from core.report import StorageEntry, TensorEntry, WeightsOnly
 from core.source import ByteSource, BytesSource
@@ -40,6 +40,10 @@ MAX_JSON_BYTES = 256 * 1024 * 1024
 MAX_SMALL_RECORD = 64
 MAX_EXPR_LEN = 4096
 MAX_NESTED_FINDINGS = 200
+MAX_PER_CODE = 100
+MAX_MESSAGE = 600
+MAX_MODELS = 64
+MAX_SUMMARY_JSON = 2048
 STRIDED_LAYOUT = 7
 WEIGHTS_DIR = "data/weights/"
 CONSTANTS_DIR = "data/constants/"
@@ -52,6 +56,19 @@ class _Archive:
     prefix: str                                  # "m/" (with the slash) or ""
     locals_: dict[int, LocalHeader]
     an: Analysis
+
+    counts: dict[Code, int] = field(default_factory=dict)
+    scanned: dict[str, Any] = field(default_factory=dict)    # record -> nested report
+
+    def add(self, code: Code, message: str, *, record: str | None = None,
+            offset: int | None = None, severity: Severity | None = None) -> None:
+        """A finding, capped per code (a config can list a million payloads)."""
+        n = self.counts[code] = self.counts.get(code, 0) + 1
+        if n <= MAX_PER_CODE:
+            self.an.add(code, message[:MAX_MESSAGE], record=record, offset=offset,
+                        severity=severity)
+        elif n == MAX_PER_CODE + 1:
+            self.an.add(code, f"more {code} findings not listed", record=record)
 
     def entry(self, rel: str) -> ZipEntry | None:
         return self.directory.by_name.get(self.prefix + rel)
@@ -87,12 +104,16 @@ def analyze_zip(source: ByteSource, directory: ZipDirectory, an: Analysis) -> No
     except FormatError:
         fmt = b""
     if fmt != b"pt2":
-        an.add(Code.PT2_BAD_ARCHIVE, f"archive_format is {fmt[:16]!r}, torch.export.load asserts "
+        ar.add(Code.PT2_BAD_ARCHIVE, f"archive_format is {fmt[:16]!r}, torch.export.load asserts "
                "'pt2' (Invalid archive format)", record=ar.prefix + "archive_format")
     models = sorted(n[len(ar.prefix):] for n in directory.by_name
                     if n.startswith(ar.prefix + "models/"))
     if not models:
-        an.add(Code.PT2_BAD_ARCHIVE, "no models/<name>.json in the archive")
+        ar.add(Code.PT2_BAD_ARCHIVE, "no models/<name>.json in the archive")
+    if len(models) > MAX_MODELS:
+        ar.add(Code.PT2_BAD_ARCHIVE, f"{len(models)} entries under models/: only the first "
+               f"{MAX_MODELS} are judged")
+        models = models[:MAX_MODELS]
     for rel in models:
         name = rel[len("models/"):-len(".json")] if rel.endswith(".json") else rel[len("models/"):]
         try:
@@ -100,7 +121,7 @@ def analyze_zip(source: ByteSource, directory: ZipDirectory, an: Analysis) -> No
         except SourceError:
             raise
         except CkptError as exc:
-            an.add(exc.code, exc.message, record=exc.record or ar.prefix + rel, offset=exc.offset)
+            ar.add(exc.code, exc.message, record=exc.record or ar.prefix + rel, offset=exc.offset)
     _set_weights_only(an)
 
 
@@ -120,6 +141,15 @@ def _set_weights_only(an: Analysis) -> None:
         an.weights_only = WeightsOnly(loadable=True, unsafe_globals=unsafe)
 
 
+def _small(value: Any) -> Any:
+    """`value` for the report if its JSON is small, else a note (the report stays bounded)."""
+    try:
+        text = json.dumps(value)
+    except (ValueError, RecursionError):
+        return "<unserializable>"
+    return value if len(text) <= MAX_SUMMARY_JSON else f"<{len(text)} bytes of JSON omitted>"
+
+
 def _obj(value: Any) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
@@ -134,7 +164,6 @@ def _read_json(ar: _Archive, rel: str) -> Any:
 
 
 def _analyze_model(ar: _Archive, rel: str, name: str) -> dict[str, Any]:
-    an = ar.an
     program = _read_json(ar, rel)
     if not isinstance(program, dict):
         raise FormatError(Code.PT2_BAD_ARCHIVE, f"{rel} is not a JSON object", record=ar.prefix + rel)
@@ -147,12 +176,12 @@ def _analyze_model(ar: _Archive, rel: str, name: str) -> dict[str, Any]:
     guards = program.get("guards_code")
     if guards:
         count = len(guards) if isinstance(guards, list) else 1
-        an.add(Code.PT2_GUARDS_CODE, f"{rel}: guards_code holds {count} Python expression(s) "
+        ar.add(Code.PT2_GUARDS_CODE, f"{rel}: guards_code holds {count} Python expression(s) "
                "that ExportedProgram.module() compiles with exec", record=ar.prefix + rel)
     violations = verify_program(program, weights, constants)
     for v in violations:
         code = Code.PT2_UNSAFE_TARGET if v.unsafe else Code.PT2_VERIFIER
-        an.add(code, f"[{v.rule}] {v.message}", record=ar.prefix + rel)
+        ar.add(code, f"[{v.rule}] {v.message}", record=ar.prefix + rel)
     gm = _obj(program.get("graph_module"))
     graph = _obj(gm.get("graph"))
     nodes = graph.get("nodes")
@@ -162,13 +191,13 @@ def _analyze_model(ar: _Archive, rel: str, name: str) -> dict[str, Any]:
         if isinstance(node, dict) and isinstance(node.get("target"), str):
             targets[node["target"]] = targets.get(node["target"], 0) + 1
     return {
-        "schema_version": program.get("schema_version"),
-        "opset_version": program.get("opset_version"),
-        "verifiers": program.get("verifiers"),
-        "torch_version": program.get("torch_version"),
-        "range_constraints": program.get("range_constraints"),
+        "schema_version": _small(program.get("schema_version")),
+        "opset_version": _small(program.get("opset_version")),
+        "verifiers": _small(program.get("verifiers")),
+        "torch_version": _small(program.get("torch_version")),
+        "range_constraints": _small(program.get("range_constraints")),
         "nodes": len(nodes),
-        "targets": dict(sorted(targets.items())[:200]),
+        "targets": {k[:200]: v for k, v in sorted(targets.items())[:200]},
         "weights": len(weights),
         "constants": len(constants),
         "verifier": [{"rule": v.rule, "message": v.message} for v in violations],
@@ -181,13 +210,13 @@ def _payloads(ar: _Archive, config_rel: str, legacy_rel: str, base_dir: str,
     an = ar.an
     if ar.entry(legacy_rel) is not None:
         # _package.py: legacy <name>.pt bytes go through deserialize_torch_artifact
-        an.add(Code.PT2_UNSAFE_PAYLOAD, f"legacy {kind} file {legacy_rel}: torch.export.load "
+        ar.add(Code.PT2_UNSAFE_PAYLOAD, f"legacy {kind} file {legacy_rel}: torch.export.load "
                "retries torch.load with weights_only=False if the weights-only load fails",
                record=ar.prefix + legacy_rel)
         _scan_nested(ar, legacy_rel)
         return {}
     if ar.entry(config_rel) is None:
-        an.add(Code.PT2_MISSING_RECORD, f"{config_rel} not found in PT2 archive",
+        ar.add(Code.PT2_MISSING_RECORD, f"{config_rel} not found in PT2 archive",
                record=ar.prefix + config_rel)
         return {}
     doc = _read_json(ar, config_rel)
@@ -201,7 +230,7 @@ def _payloads(ar: _Archive, config_rel: str, legacy_rel: str, base_dir: str,
         if len(an.tensors) >= an.options.limits.max_tensors:
             raise LimitExceeded(Code.LIMIT_TENSORS, f"more than {an.options.limits.max_tensors} tensors")
         if not isinstance(meta, dict) or not isinstance(meta.get("path_name"), str):
-            an.add(Code.PT2_BAD_ARCHIVE, f"{config_rel}: payload {fqn!r} has no path_name",
+            ar.add(Code.PT2_BAD_ARCHIVE, f"{config_rel}: payload {fqn!r} has no path_name",
                    record=ar.prefix + config_rel)
             continue
         out[fqn] = meta
@@ -209,20 +238,20 @@ def _payloads(ar: _Archive, config_rel: str, legacy_rel: str, base_dir: str,
         rel = base_dir + path
         record = ar.prefix + rel
         if ar.entry(rel) is None:
-            an.add(Code.PT2_MISSING_RECORD, f"{kind} {fqn!r}: record {rel} is missing", record=record)
+            ar.add(Code.PT2_MISSING_RECORD, f"{kind} {fqn!r}: record {rel} is missing", record=record)
             continue
         if kind == "constants" and path.startswith("opaque_obj_"):
-            an.add(Code.PT2_UNSAFE_PAYLOAD, f"constant {fqn!r} ({rel}) is loaded with pickle.loads",
+            ar.add(Code.PT2_UNSAFE_PAYLOAD, f"constant {fqn!r} ({rel}) is loaded with pickle.loads",
                    record=record)
             _scan_raw_pickle(ar, rel)
         elif kind == "constants" and path.startswith("custom_obj_"):
-            an.add(Code.PT2_UNSAFE_PAYLOAD, f"constant {fqn!r} ({rel}) is a TorchScript object "
+            ar.add(Code.PT2_UNSAFE_PAYLOAD, f"constant {fqn!r} ({rel}) is a TorchScript object "
                    "loaded with torch._C._pickle_load_obj", record=record)
             _scan_nested(ar, rel)
         elif kind == "constants" and not path.startswith("tensor_"):
-            an.add(Code.PT2_BAD_ARCHIVE, f"Unsupported constant type: {path}", record=record)
+            ar.add(Code.PT2_BAD_ARCHIVE, f"Unsupported constant type: {path}", record=record)
         elif meta.get("use_pickle"):
-            an.add(Code.PT2_UNSAFE_PAYLOAD, f"{kind[:-1]} {fqn!r} ({rel}) is loaded with "
+            ar.add(Code.PT2_UNSAFE_PAYLOAD, f"{kind[:-1]} {fqn!r} ({rel}) is loaded with "
                    "torch.load(weights_only=False)", record=record)
             _scan_nested(ar, rel)
         else:
@@ -268,12 +297,12 @@ def _tensor(ar: _Archive, fqn: str, meta: Mapping[str, Any], rel: str, kind: str
         if tm.get("layout", STRIDED_LAYOUT) != STRIDED_LAYOUT:
             raise ValueError(f"layout {tm.get('layout')} is not strided")
     except ValueError as exc:
-        an.add(Code.PT2_BAD_ARCHIVE, f"{kind[:-1]} {fqn!r}: {exc}", record=record)
+        ar.add(Code.PT2_BAD_ARCHIVE, f"{kind[:-1]} {fqn!r}: {exc}", record=record)
         return
     itemsize = ITEMSIZE[dtype]
     nbytes_record = entry.uncompressed_size
     if nbytes_record % itemsize:
-        an.add(Code.PT2_BAD_ARCHIVE, f"Record {rel}: size {nbytes_record} is not a multiple of "
+        ar.add(Code.PT2_BAD_ARCHIVE, f"Record {rel}: size {nbytes_record} is not a multiple of "
                f"element size {itemsize} for dtype {dtype}", record=record)
         return
     numel_record = nbytes_record // itemsize
@@ -284,7 +313,7 @@ def _tensor(ar: _Archive, fqn: str, meta: Mapping[str, Any], rel: str, kind: str
     base = ar.data_offset(rel)
     # a 0-byte record becomes torch.zeros(sizes): no storage bytes, nothing to bound
     if nbytes_record and extent > numel_record:
-        an.add(Code.TORCH_TENSOR_OUT_OF_BOUNDS, f"{kind[:-1]} {fqn!r}: view {shape}/{stride}+{offset} "
+        ar.add(Code.TORCH_TENSOR_OUT_OF_BOUNDS, f"{kind[:-1]} {fqn!r}: view {shape}/{stride}+{offset} "
                f"needs {extent} elements, {rel} holds {numel_record}", record=record,
                offset=base)
     device = _obj(tm.get("device"))
@@ -307,13 +336,13 @@ def _sample_inputs(ar: _Archive, name: str) -> None:
     entry = ar.entry(rel)
     if entry is None:
         # load_pt2 reads it unconditionally: the load fails
-        ar.an.add(Code.PT2_MISSING_RECORD, f"{rel} not found in PT2 archive", record=ar.prefix + rel)
+        ar.add(Code.PT2_MISSING_RECORD, f"{rel} not found in PT2 archive", record=ar.prefix + rel)
         return
     if entry.uncompressed_size == 0:
         return
     report = _scan_nested(ar, rel)
     if report is not None and not report.weights_only.loadable:
-        ar.an.add(Code.PT2_UNSAFE_PAYLOAD, f"{rel}: sample inputs are not weights-only loadable "
+        ar.add(Code.PT2_UNSAFE_PAYLOAD, f"{rel}: sample inputs are not weights-only loadable "
                   f"({report.weights_only.error}); torch.export.load then retries with "
                   "weights_only=False", record=ar.prefix + rel)
 
@@ -324,22 +353,30 @@ def _scan_nested(ar: _Archive, rel: str) -> Any:
 
     an = ar.an
     record = ar.prefix + rel
+    if record in ar.scanned:      # payloads sharing one record: judge it once
+        return ar.scanned[record]
+    ar.scanned[record] = None
     try:
         data = ar.read(rel, an.options.limits.max_bytes_read)
     except SourceError:
         raise
     except CkptError as exc:
-        an.add(exc.code, exc.message, record=record, offset=exc.offset)
+        ar.add(exc.code, exc.message, record=record, offset=exc.offset)
+        return None
+    if data[:4] == b"PK\x03\x04" and b"archive_format" in data[-65536:]:
+        # a .pt2 inside a .pt2: torch.load cannot read it (no data.pkl); do not recurse
+        ar.add(Code.PT2_BAD_ARCHIVE, f"{rel} holds a nested torch.export archive", record=record)
         return None
     report = scan_source(BytesSource(data, name=record), options=an.options)
     base = ar.data_offset(rel)
     for f in report.findings[:MAX_NESTED_FINDINGS]:
-        an.add(f.code, f"{record}: {f.message}", record=f"{record}!{f.record}" if f.record else record,
+        ar.add(f.code, f"{record}: {f.message}", record=f"{record}!{f.record}" if f.record else record,
                offset=(base + f.offset) if base is not None and f.offset is not None else None,
                severity=f.severity)
     for g in report.globals:
         an.note_global(g.module, g.name, g.status, record=record, count=g.count, reason=g.reason,
                        offset=(base + g.offset) if base is not None and g.offset is not None else None)
+    ar.scanned[record] = report
     return report
 
 
@@ -348,12 +385,15 @@ def _scan_raw_pickle(ar: _Archive, rel: str) -> None:
 
     an = ar.an
     record = ar.prefix + rel
+    if record in ar.scanned:
+        return
+    ar.scanned[record] = None
     try:
         data = ar.read(rel, an.options.limits.max_pickle_bytes)
     except SourceError:
         raise
     except CkptError as exc:
-        an.add(exc.code, exc.message, record=record, offset=exc.offset)
+        ar.add(exc.code, exc.message, record=record, offset=exc.offset)
         return
     base = ar.data_offset(rel)
     scan_pickle(data, an, record=record, base_offset=base or 0)
@@ -443,8 +483,8 @@ def _check_exprs(ar: _Archive, program: Mapping[str, Any], rel: str) -> None:
         if not expr_is_plain(expr):
             bad.append(expr)
     for expr in bad[:20]:
-        ar.an.add(Code.PT2_SYMPY_EXPR, f"{rel}: expr_str {expr[:200]!r} would reach sympy.sympify "
+        ar.add(Code.PT2_SYMPY_EXPR, f"{rel}: expr_str {expr[:200]!r} would reach sympy.sympify "
                   "(eval) and is not plain Symbol/Integer arithmetic", record=ar.prefix + rel)
     if len(bad) > 20:
-        ar.an.add(Code.PT2_SYMPY_EXPR, f"{rel}: {len(bad) - 20} more unsafe expr_str values",
+        ar.add(Code.PT2_SYMPY_EXPR, f"{rel}: {len(bad) - 20} more unsafe expr_str values",
                   record=ar.prefix + rel)

@@ -357,3 +357,24 @@ def test_higher_order_subgraphs_are_checked() -> None:
                                   "(2**30)**(2**30)"])
 def test_expr_grammar_refuses_number_blowups(expr: str) -> None:
     assert not expr_is_plain(expr)
+
+
+def test_nested_pt2_is_not_recursed(pt2_full: bytes) -> None:
+    report = scan(zip_replace(pt2_full, {"data/sample_inputs/model.pt": pt2_full}))
+    assert any("nested torch.export archive" in f.message for f in report.findings)
+
+
+def test_findings_and_summary_stay_bounded(pt2_full: bytes) -> None:
+    def many(doc: Any) -> None:
+        for i in range(300):
+            doc["config"][f"p{i}"] = {"path_name": "weight_0", "is_param": False, "use_pickle": True}
+
+    def huge(doc: Any) -> None:
+        doc["range_constraints"] = {f"s{i}": {"min_val": 0, "max_val": i} for i in range(5000)}
+
+    data = edit_json(edit_json(pt2_full, WCFG, many), MODEL, huge)
+    report = scan(data)
+    unsafe = [f for f in report.findings if f.code is Code.PT2_UNSAFE_PAYLOAD]
+    assert 100 <= len(unsafe) <= 102
+    summary = report.extra["pt2"]["models"]["model"]
+    assert isinstance(summary["range_constraints"], str) and "omitted" in summary["range_constraints"]
