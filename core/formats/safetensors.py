@@ -147,6 +147,10 @@ def parse_header(raw: bytes) -> StHeader:
     try:
         doc = json.loads(text, object_pairs_hook=_Pairs, parse_int=_parse_int,
                          parse_float=_Bad, parse_constant=_reject_constant)
+    except json.JSONDecodeError as exc:
+        where = 8 + len(text[: exc.pos].encode("utf-8", "surrogatepass"))
+        raise FormatError(Code.ST_BAD_HEADER, f"invalid JSON in header: {exc.msg} "
+                          f"(line {exc.lineno} column {exc.colno})", offset=where) from exc
     except (ValueError, RecursionError) as exc:
         raise FormatError(Code.ST_BAD_HEADER, f"invalid JSON in header: {exc}", offset=8) from exc
     _check_strings(doc)

@@ -134,3 +134,11 @@ def test_huge_header_length_is_refused_without_reading_it() -> None:
 def test_json_depth_counts_brackets_outside_strings() -> None:
     assert st.json_depth(b'{"a":"[[[[{{{{","b":[[1]]}') == 3
     assert st.json_depth(b'{"a\\"[[":[1]}') == 2
+
+
+def test_json_error_offset_points_into_the_header() -> None:
+    data = st_file('{"__metadata__": {"a": "b"} x}')
+    an = _analyze(data)
+    (f,) = an.findings
+    assert f.code is Code.ST_BAD_HEADER and f.offset is not None
+    assert data[f.offset : f.offset + 1] == b"x"
