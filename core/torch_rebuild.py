@@ -199,7 +199,9 @@ def _arity(name: str, args: tuple[Any, ...], names: tuple[str, ...], optional: i
         if len(missing) == 1:
             raise Fail("TypeError", f"{name}() missing 1 required positional argument: '{missing[0]}'")
         quoted = [f"'{m}'" for m in missing]
-        text = (", ".join(quoted[:-1]) + f" and {quoted[-1]}") if len(quoted) > 1 else quoted[0]
+        # CPython's format_missing: "'a' and 'b'", "'a', 'b', and 'c'"
+        text = (f"{quoted[0]} and {quoted[1]}" if len(quoted) == 2
+                else ", ".join(quoted[:-1]) + f", and {quoted[-1]}")
         raise Fail("TypeError", f"{name}() missing {len(missing)} required positional arguments: {text}")
     if n > hi:
         span = f"from {lo} to {hi}" if optional else f"{hi}"
@@ -330,15 +332,25 @@ def _rebuild_parameter(func: Global, args: tuple[Any, ...], so: StorageOf, opcod
     names = ("data", "requires_grad", "backward_hooks") + (("state",) if with_state else ())
     _arity(func.name, args, names)
     data = args[0]
-    if not (isinstance(data, Call) and data.attrs.get("type") in ("torch.Tensor",)):
-        if data is None or isinstance(data, (bool, int, float, str, tuple, list, dict)):
-            raise Fail("AttributeError", f"'{type_name(data, so)}' object has no attribute 'detach'")
+    dtype: Any
+    shape: Any
+    if data is None:  # Parameter.__new__: data=None -> torch.empty(0)
+        dtype, shape = "float32", (0,)
+    elif isinstance(data, Call) and data.attrs.get("type") in ("torch.Tensor",
+                                                                "torch.nn.parameter.Parameter"):
+        dtype, shape = data.attrs.get("dtype"), data.attrs.get("shape")
+    elif isinstance(data, (bool, int, float, str, tuple, list, dict)):
+        raise Fail("AttributeError", f"'{type_name(data, so)}' object has no attribute 'detach'")
+    else:
         raise unmodelled("Parameter data that is not a plain tensor")
     rg = args[1]
     if not isinstance(rg, bool):
+        tn = type_name(rg, so)
+        if not (rg is None or isinstance(rg, (int, float, str, tuple, list, dict)) or tn in (
+                "function", "builtin_function_or_method", "type")):
+            raise unmodelled("the type name of a requires_grad argument")
         raise Fail("TypeError", "_make_subclass(): argument 'require_grad' (position 3) must be bool, "
-                   f"not {type_name(rg, so)}")
-    dtype = data.attrs.get("dtype")
+                   f"not {tn}")
     if rg and dtype not in _FLOATING:
         if dtype in _INTEGRAL:
             raise Fail("RuntimeError", "Only Tensors of floating point and complex dtype can require "
@@ -346,8 +358,7 @@ def _rebuild_parameter(func: Global, args: tuple[Any, ...], so: StorageOf, opcod
         raise unmodelled(f"requires_grad on dtype {dtype}")
     if with_state:
         _set_obj_state(args[3], so)
-    return _tensor("torch.nn.parameter.Parameter", dtype, data.attrs.get("shape"), func, args,
-                   opcode, off, rg)
+    return _tensor("torch.nn.parameter.Parameter", dtype, shape, func, args, opcode, off, rg)
 
 
 def _set_obj_state(state: Any, so: StorageOf) -> None:
@@ -403,11 +414,22 @@ def _rebuild_from_type_v2(func: Global, args: tuple[Any, ...], so: StorageOf, op
 def _rebuild_qtensor(func: Global, args: tuple[Any, ...], so: StorageOf, opcode: str, off: int) -> Call:
     _arity("_rebuild_qtensor", args, ("storage", "storage_offset", "size", "stride", "quantizer_params",
                                       "requires_grad", "backward_hooks"))
-    st = _storage_arg(args[0], so, "dtype")
     q = args[4]
-    if not isinstance(q, tuple) or not q or not isinstance(q[0], Global):
+    # torch reads quantizer_params[0] first, then compares it with the qschemes
+    if q is None or isinstance(q, (bool, int, float)):
+        raise Fail("TypeError", f"'{type_name(q, so)}' object is not subscriptable")
+    if isinstance(q, (tuple, list, str)) and not q:
+        raise Fail("IndexError", f"{type(q).__name__} index out of range")
+    if not isinstance(q, tuple):
         raise unmodelled("_rebuild_qtensor with odd qparams")
+    if not isinstance(q[0], Global) or global_kind(q[0].full) != "torch.qscheme" or q[0].name not in (
+            "per_tensor_affine", "per_channel_affine", "per_channel_affine_float_qparams"):
+        text = str_value(q[0], so)
+        if text is None or isinstance(q[0], (list, tuple, dict)):
+            raise unmodelled("_rebuild_qtensor with an odd qscheme")
+        raise Fail("RuntimeError", f"Can't deserialize quantized tensor with qscheme {text}")
     scheme = q[0].full
+    st = _storage_arg(args[0], so, "dtype")
     shape = _int_seq(args[2])
     if shape is None:
         raise unmodelled("_rebuild_qtensor size")

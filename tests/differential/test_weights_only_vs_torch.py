@@ -382,3 +382,89 @@ def test_random_programs_match_torch(random_oracle: list[tuple[bytes, dict[str, 
             mismatches.append((prog, got.error, want))
     assert not mismatches, mismatches[:3]
     assert modelled > 500
+
+
+_FUNCS = ["collections.OrderedDict", "collections.Counter", "torch.Size", "torch.device", "builtins.set",
+          "builtins.complex", "builtins.bytearray", "_codecs.encode", "torch.serialization._get_layout",
+          "torch._utils._rebuild_tensor_v2", "torch._utils._rebuild_tensor",
+          "torch._utils._rebuild_parameter",
+          "torch._utils._rebuild_parameter_with_state", "torch._utils._rebuild_tensor_v3",
+          "torch._utils._rebuild_meta_tensor_no_storage", "torch._utils._rebuild_qtensor",
+          "torch._tensor._rebuild_from_type_v2", "torch._utils._rebuild_sparse_tensor"]
+
+
+def _random_value(rng: Any, depth: int = 0) -> list[Any]:
+    from tests.core.weights_only.cases import call, g, i, ints, od, pid, s, v2
+
+    if depth < 1 and rng.random() < 0.15:
+        return ["MARK", *[x for _ in range(rng.randint(0, 4)) for x in _random_value(rng, 1)], "TUPLE"]
+    pick = rng.randrange(16)
+    if pick == 0:
+        return [rng.choice(["NONE", "NEWTRUE", "NEWFALSE"])]
+    if pick == 1:
+        return i(rng.choice([0, 1, 2, 3, -1, 4, 16]))
+    if pick == 2:
+        return [("BINFLOAT", rng.choice([0.5, -1.0, 2.0]))]
+    if pick == 3:
+        return s(rng.choice(["cpu", "cuda", "cuda:1", "bogus", "latin1", "torch.sparse_coo", "torch.strided",
+                             "a", "", "meta", "mps", "cpu:0", "xla"]))
+    if pick == 4:
+        return ints(tuple(rng.choice([0, 1, 2, 4, -1]) for _ in range(rng.randint(0, 3))))
+    if pick == 5:
+        return ["EMPTY_LIST"] + ([*i(2), "APPEND"] if rng.random() < .5 else [])
+    if pick == 6:
+        key = rng.choice(["a", "conj", "neg", "data", "x"])
+        return ["EMPTY_DICT"] + ([*s(key), "NEWTRUE", "SETITEM"] if rng.random() < .5 else [])
+    if pick == 7:
+        return [g(rng.choice(["torch.float32", "torch.int64", "torch.float16", "torch.Tensor",
+                              "torch.per_tensor_affine", "torch.quint8", "torch.FloatStorage"]))]
+    if pick == 8:
+        return od()
+    if pick == 9:
+        return v2(pid(numel=4))
+    if pick == 10:
+        return v2(pid("torch.LongStorage", key="1", numel=2), size=(2,))
+    if pick == 11:
+        return pid(rng.choice(["torch.FloatStorage", "torch.QUInt8Storage", "torch.storage.UntypedStorage"]),
+                   numel=rng.choice([4, 16]))
+    if pick == 12:
+        return call("torch.Size", ints((rng.choice([1, 2, 4]),)))
+    if pick == 13:
+        return call("torch.serialization._get_layout", s("torch.sparse_coo"))
+    if pick == 14:
+        return [g(rng.choice(["torch._utils._rebuild_tensor_v2", "torch._utils._rebuild_tensor"]))]
+    return ["EMPTY_TUPLE"]
+
+
+def _random_call(rng: Any) -> bytes:
+    from tests.core.weights_only.cases import call, pk, s
+
+    args = [_random_value(rng) for _ in range(rng.choice([0, 1, 2, 3, 4, 4, 6, 7]))]
+    items = call(rng.choice(_FUNCS), *args)
+    if rng.random() < 0.3:
+        items = ["EMPTY_DICT", *s("k"), *items, "SETITEM"]
+    return pk(*items)
+
+
+@pytest.mark.slow
+def test_random_calls_match_torch(tmp_path: Path) -> None:
+    """Allowlisted callables with random arguments: the models of core.torch_rebuild."""
+    import random
+
+    rng = random.Random(5)
+    recs = {"data/0": b"\0" * 16, "data/1": b"\0" * 16}
+    programs = [_random_call(rng) for _ in range(800)]
+    jobs = [{"path": str(write_zip(tmp_path / f"c{n}.pt", p, recs)), "mode": "load"}
+            for n, p in enumerate(programs)]
+    modelled, mismatches = 0, []
+    for prog, want in zip(programs, run_oracle(jobs, tmp_path), strict=True):
+        got = emulate(prog, resolver=Records(recs))
+        if got.error is not None and got.error.type == "Unmodelled":
+            continue
+        modelled += 1
+        same = got.loadable == want["ok"] and (want["ok"] or (
+            got.error is not None and (got.error.type, got.error.wrapped()) == (want["type"], want["msg"])))
+        if not same:
+            mismatches.append((prog, got.error, want))
+    assert not mismatches, mismatches[:3]
+    assert modelled > 400
