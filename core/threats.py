@@ -190,8 +190,9 @@ class _Assessor:
             if judged is None:
                 judged = cache[key] = self.judge_use(use)
             self.note(use, *judged)
+        judged_funcs: dict[int, Threat] = {}   # the VM shares one Global per GLOBAL opcode
         for call in vm.calls:
-            self.call(call)
+            self.call(call, judged_funcs)
         counts: dict[Code, int] = {}
         for code, message, offset in vm.notes:
             n = counts[code] = counts.get(code, 0) + 1
@@ -239,10 +240,12 @@ class _Assessor:
                     record=self.record, offset=use.offset, severity=threat.severity)
 
     # -- calls ---------------------------------------------------------------------------------
-    def call(self, call: Call) -> None:
+    def call(self, call: Call, judged: dict[int, Threat]) -> None:
         func = call.func
         if type(func) is Global:
-            threat = classify_global(func.module, func.name)
+            threat = judged.get(id(func))
+            if threat is None:
+                threat = judged[id(func)] = classify_global(func.module, func.name)
             if threat.status == "dangerous":
                 shown = f"{func.full}({_preview(call.args)}){self.detail(call)}"
                 self.flag(f"call:{shown}", call, threat.severity, f"{call.opcode} calls {shown}")
@@ -276,21 +279,24 @@ class _Assessor:
         """A dangerous global passed (not called) to another call: `_rebuild_from_type_v2(eval,
         ...)`, `functools.partial(os.system, ...)` — the callee calls it for the attacker."""
         todo: list[tuple[Any, int]] = [(call.args, 0)]
-        budget = 64
+        budget = 256
         while todo and budget > 0:
             value, level = todo.pop()
-            budget -= 1
             t = type(value)
-            if t is Global:
-                threat = classify_global(value.module, value.name)
-                if threat.status == "dangerous":
-                    self.flag(f"arg:{func_name}:{value.full}", call, threat.severity,
-                              f"{value.full} is passed to {func_name}, which may call it "
-                              f"({threat.reason})")
-            elif level < 3 and (t is tuple or t is list):
-                todo.extend((v, level + 1) for v in value[:16])
-            elif level < 3 and t is dict:
-                todo.extend((v, level + 1) for v in list(value.values())[:16])
+            items = value.values() if t is dict else value if t is tuple or t is list else (value,)
+            for item in items:
+                budget -= 1
+                if budget <= 0:
+                    break
+                ti = type(item)
+                if ti is Global:
+                    threat = classify_global(item.module, item.name)
+                    if threat.status == "dangerous":
+                        self.flag(f"arg:{func_name}:{item.full}", call, threat.severity,
+                                  f"{item.full} is passed to {func_name}, which may call it "
+                                  f"({threat.reason})")
+                elif level < 3 and (ti is tuple or ti is list or ti is dict):
+                    todo.append((item, level + 1))
 
     def check_state(self, call: Call, state: Any) -> None:
         """BUILD with `{'__setstate__': f}` plants f; the next BUILD on the object calls it."""

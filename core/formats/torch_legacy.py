@@ -30,7 +30,7 @@ from core.report import WeightsOnly
 from core.source import ByteSource
 from core.tensors import StorageSite, build_manifest
 from core.values import Call, Global, PersId
-from core.weights_only import TorchError, safe_globals_hint, unsafe_globals
+from core.weights_only import TorchError, safe_globals_hint
 
 MAGIC_NUMBER = 0x1950A86A20F9469CFC6C
 PROTOCOL_VERSION = 1001
@@ -89,7 +89,6 @@ class _Stream:
         window = PickleWindow(self.source, an.options.limits.max_pickle_bytes, first=_FIRST_WINDOW)
         pos = 0
         scans: list[PickleScan] = []
-        starts: list[int] = []
         for what in _PICKLES:
             if pos >= self.source.size:
                 self.fail(TorchError("EOFError", "", pos))
@@ -100,7 +99,6 @@ class _Stream:
             scan = scan_pickle(window.buf, an, record=None, base_offset=0, legacy=True, start=pos,
                                check_trailing=False)
             scans.append(scan)
-            starts.append(pos)
             self.check(what, scan)
             if end is None:
                 an.add(Code.TORCH_BAD_LEGACY_STREAM, f"the {what} pickle does not end", offset=pos)
@@ -112,7 +110,7 @@ class _Stream:
             keys = self.key_list(scans[4], blocks)
             sites = self.locate(keys, blocks, pos) if keys is not None else {}
             build_manifest(main.root, _Locator(sites), an)
-        self.finish(window.buf[starts[3]:] if main is not None else b"")
+        self.finish()
 
     def check(self, what: str, scan: PickleScan) -> None:
         """torch's checks on each pickle's value (serialization.py `_legacy_load`)."""
@@ -223,15 +221,17 @@ class _Stream:
                    f"{self.source.size - end} bytes after the last storage block (torch ignores them)",
                    offset=end)
 
-    def finish(self, main_data: bytes) -> None:
+    def finish(self) -> None:
         an, error = self.an, self.error
-        listed = unsafe_globals(main_data, an.options.allow) if main_data else []
+        # get_unsafe_globals_in_checkpoint refuses non-zip files (FORMATS.md §3.7): list what
+        # the allowlist rejected in any of the five pickles instead.
+        listed = sorted(g.full for g in an.globals.values() if g.status != "allowed")
         benign = sorted(g.full for g in an.globals.values() if g.status == "benign")
         an.weights_only = WeightsOnly(
             loadable=error is None,
             error=(error.message.splitlines() or [""])[0] if error else None,
             error_type=error.type if error else None,
-            unsafe_globals=listed if isinstance(listed, list) else [],
+            unsafe_globals=listed,
             safe_globals_hint=safe_globals_hint(benign) if benign else None,
         )
         if error is not None:
