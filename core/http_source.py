@@ -645,10 +645,16 @@ class HttpSource:
 
     def _read_body(self, resp: httpx.Response, nbytes: int | None, *, exact: bool,
                    budget: int | None = None) -> bytes:
-        """Up to `nbytes` body bytes (None: to the end), then stop reading (closing the body)."""
+        """Up to `nbytes` body bytes (None: to the end), then stop reading (closing the body).
+
+        Bytes received past `nbytes` (the rest of the last chunk) are counted as read too.
+        """
         chunks: list[bytes] = []
-        got = 0
+        got = received = 0
+        if nbytes == 0:
+            return b""
         for chunk in _iter_raw(resp):
+            received += len(chunk)
             if nbytes is not None and got + len(chunk) >= nbytes:
                 chunks.append(chunk[: nbytes - got])
                 got = nbytes
@@ -656,13 +662,16 @@ class HttpSource:
             chunks.append(chunk)
             got += len(chunk)
             if budget is not None and got > budget:
+                with self._lock:
+                    self.stats.bytes_read += received
                 raise LimitExceeded(Code.LIMIT_BYTES_READ,
                                     f"server ignores Range and the body exceeds the "
                                     f"{self.budget}-byte budget")
-        if exact and nbytes is not None and got < nbytes:
-            with self._lock:
+        with self._lock:
+            self.stats.bytes_read += received - got   # _store counts the bytes used
+            if exact and nbytes is not None and got < nbytes:
                 self.stats.bytes_read += got
-            raise _Transient(f"body ended after {got} of {nbytes} bytes", Code.SOURCE_SHORT_READ)
+                raise _Transient(f"body ended after {got} of {nbytes} bytes", Code.SOURCE_SHORT_READ)
         return b"".join(chunks)
 
     def _store(self, want: _Want, first: int, body: bytes, *, whole: bool = False) -> None:
