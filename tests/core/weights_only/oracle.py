@@ -28,7 +28,10 @@ for case in cases:
     res = {}
     try:
         with torch.serialization.safe_globals(allow):
-            if case.get("mode") == "unsafe":
+            if case.get("mode") == "baseline":
+                res["globals"] = sorted(f"{f.__module__}.{f.__qualname__}"
+                                        for f in torch.serialization.get_safe_globals())
+            elif case.get("mode") == "unsafe":
                 res["globals"] = sorted(torch.serialization.get_unsafe_globals_in_checkpoint(case["path"]))
             else:
                 torch.load(case["path"], weights_only=True)
