@@ -275,3 +275,27 @@ def test_st_file_helper_is_what_the_library_writes() -> None:
     data = save({"a": np.zeros(2, np.float32)})
     (n,) = struct.unpack_from("<Q", data)
     assert st_file(data[8 : 8 + n], data[8 + n :]) == data
+
+
+@pytest.mark.torch
+@pytest.mark.slow
+def test_pt2_verifier_edits_are_refused_by_torch_too() -> None:
+    """Every program edit our verifier flags makes torch.export.load fail as well."""
+    import logging
+
+    import torch
+
+    from tests.core.formats.test_torch_export_format import VERIFIER_EDITS, edit_json
+
+    base = pt2_bytes("full")
+    logging.disable(logging.CRITICAL)
+    try:
+        for rel, edit, rule in VERIFIER_EDITS:
+            data = edit_json(base, rel, edit)
+            report = scan_source(BytesSource(data))
+            assert any(f.message.startswith(f"[{rule}]") for f in report.findings), edit.__name__
+            with warnings.catch_warnings(), pytest.raises(Exception):  # noqa: B017
+                warnings.simplefilter("ignore")
+                torch.export.load(io.BytesIO(data))
+    finally:
+        logging.disable(logging.NOTSET)
