@@ -29,7 +29,9 @@ from core.pickle_scan import PickleScan, scan_pickle
 from core.report import WeightsOnly
 from core.source import ByteSource
 from core.tensors import StorageSite, build_manifest
+from core.threats import assess
 from core.values import Call, Global, PersId
+from core.vm import run_vm
 from core.weights_only import TorchError, safe_globals_hint
 
 MAGIC_NUMBER = 0x1950A86A20F9469CFC6C
@@ -220,6 +222,25 @@ class _Stream:
             an.add(Code.PICKLE_TRAILING_DATA,
                    f"{self.source.size - end} bytes after the last storage block (torch ignores them)",
                    offset=end)
+            self.scan_tail(end)
+
+    def scan_tail(self, start: int) -> None:
+        """Bytes after the last block: torch ignores them, a later pickle.load would not."""
+        limits = self.an.options.limits
+        tail = self.source.read_at(start, min(self.source.size - start, limits.max_pickle_bytes))
+        pos = 0
+        for _ in range(limits.max_trailing_pickles):
+            if pos >= len(tail):
+                return
+            vm = run_vm(tail, start=pos, base_offset=start, limits=limits)
+            if not vm.globals and not (vm.complete and vm.opcode_count > 1):
+                return
+            self.an.add(Code.PICKLE_SECOND_PICKLE, f"a pickle ({vm.opcode_count} opcodes) hides "
+                        "after the last storage block", offset=start + pos)
+            assess(vm, self.an, allow=self.an.options.allow, record=None)
+            if not vm.complete or vm.end <= pos:
+                return
+            pos = vm.end
 
     def finish(self) -> None:
         an, error = self.an, self.error

@@ -126,6 +126,7 @@ CONTAINERS: dict[str, tuple[str, Callable[[bytes], bytes]]] = {
     "torch_zip": ("x.pt", torch_zip),
     "legacy_stream": ("x.pt", lambda p: stream(p, [], [])),
     "pickle_after_stop": ("x.pkl", lambda p: pickle.dumps({"a": 1}, protocol=2) + p),
+    "legacy_after_blocks": ("x.pt", lambda p: stream(pickle.dumps({}, protocol=2), [], [], tail=p)),
     "torch_zip_after_stop": ("x.pt", lambda p: torch_zip(_torch_state_pkl() + p)),
     "numpy_object_array": ("x.npy", npy_object),
 }
