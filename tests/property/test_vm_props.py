@@ -172,3 +172,231 @@ def test_plain_data_roundtrips_protocol0(obj: Any) -> None:
     assert r.complete
     if not r.calls:                             # bytes are _codecs.encode calls below protocol 3
         assert _equal(r.root, obj)
+
+
+class _Reference(pickle._Unpickler):  # type: ignore[name-defined,misc]
+    """CPython's pure-Python unpickler (the brief's reference) with nothing importable."""
+
+    def __init__(self, data: bytes) -> None:
+        super().__init__(io.BytesIO(data), encoding="utf-8")
+        self.seen: list[tuple[str, str]] = []
+
+    def find_class(self, module: str, name: str) -> Any:
+        self.seen.append((module, name))
+        return _Stub
+
+    def persistent_load(self, pid: Any) -> Any:
+        return ("pid", pid)
+
+
+def _anything(*a: Any, **k: Any) -> Any:
+    return _Stub()
+
+
+class _Stub:
+    """What every global resolves to: callable, buildable, appendable, on class and instance."""
+
+    def __init__(self, *a: Any, **k: Any) -> None:
+        pass
+
+    __call__ = __setstate__ = append = extend = add = __setitem__ = _anything
+
+
+@PROPS
+@given(st.lists(opcode_item(), max_size=40))
+def test_random_programs_agree_with_pickle_py(items: list[Any]) -> None:
+    data = asm(*items, "STOP")
+    try:
+        ref = _Reference(data)
+        expected = ref.load()
+    except Exception:
+        return                                  # the reference refuses: we may be more lenient
+    r = run_vm(data, limits=SMALL)
+    assert r.complete, r.error
+    assert r.end == data.index(b".", 0) + 1 or r.end <= len(data)
+    assert [(u.raw_module, u.raw_name) for u in r.globals] == ref.seen
+    if not (ref.seen or r.persids or r.notes):
+        assert _equal_loose(r.root, expected)
+
+
+def _equal_loose(a: Any, b: Any) -> bool:
+    """Equality that tolerates NaN, identical shared/cyclic containers, and Unhashable keys."""
+    from core.values import Unhashable
+
+    todo = [(a, b)]
+    seen: set[tuple[int, int]] = set()
+    while todo:
+        x, y = todo.pop()
+        if (id(x), id(y)) in seen:
+            continue
+        seen.add((id(x), id(y)))
+        if type(x) is not type(y):
+            return False
+        if isinstance(x, float):
+            if not (x == y or (x != x and y != y)):
+                return False
+        elif isinstance(x, (list, tuple)):
+            if len(x) != len(y):
+                return False
+            todo.extend(zip(x, y, strict=True))
+        elif isinstance(x, dict):
+            if len(x) != len(y) or any(isinstance(k, Unhashable) for k in x):
+                return len(x) == len(y)
+            if x.keys() != y.keys():
+                return False
+            todo.extend((x[k], y[k]) for k in x)
+        elif isinstance(x, (set, frozenset)):
+            if len(x) != len(y):
+                return False
+        elif x != y:
+            return False
+    return True
+
+
+_CONSTS: list[tuple[Any, ...]] = [
+    ("INT", 7), ("INT", True), ("BININT", -3), ("BININT1", 9), ("BININT2", 700), ("LONG", 10**20),
+    ("LONG1", -(2**40)), ("LONG4", 5), ("FLOAT", 2.5), ("BINFLOAT", -0.0), ("NONE",), ("NEWTRUE",),
+    ("NEWFALSE",), ("BINBYTES", b"b"), ("SHORT_BINBYTES", b""), ("BINBYTES8", b"q"),
+    ("BYTEARRAY8", b"ba"), ("STRING", b"s'"), ("BINSTRING", b"t"), ("SHORT_BINSTRING", b"u"),
+]
+_STRS: list[tuple[Any, ...]] = [("UNICODE", "os"), ("SHORT_BINUNICODE", "system"), ("BINUNICODE", "k"),
+                                ("BINUNICODE8", "builtins")]
+
+
+@st.composite
+def valid_program(draw: st.DrawFn) -> list[Any]:
+    """A stack-aware random program that CPython's unpickler mostly accepts."""
+    out: list[Any] = []
+    stack: list[str] = []            # kinds: v str list dict set tuple call mark
+    memo: dict[int, str] = {}
+
+    def frame() -> list[str]:
+        k = len(stack) - stack[::-1].index("mark") if "mark" in stack else 0
+        return stack[k:]
+
+    for _ in range(draw(st.integers(1, 40))):
+        top = frame()
+        choices = ["const", "str", "empty", "mark", "global"]
+        if top:
+            choices += ["put", "dup", "pop", "tuple1", "build"]
+        if len(top) >= 2:
+            choices += ["tuple2"]
+            if top[-2:] == ["str", "str"]:
+                choices.append("stack_global")
+            if top[-2] in ("call", "v") and top[-1] == "tuple":
+                choices += ["reduce", "newobj"]
+            if top[-2] == "list":
+                choices.append("append")
+            if top[-2] == "set":
+                choices.append("additems1")
+        if len(top) >= 3 and top[-3] == "dict" and top[-2] == "str":
+            choices.append("setitem")
+        if "mark" in stack:
+            choices += ["close", "pop_mark", "inst"]
+            below = stack[: len(stack) - len(top) - 1]
+            if below and below[-1] in ("list", "call"):
+                choices.append("appends")
+            if below and below[-1] == "set" and all(k in ("str", "v") for k in top):
+                choices.append("additems")
+            if top and top[0] == "call":
+                choices.append("obj")
+        if memo:
+            choices.append("get")
+        c = draw(st.sampled_from(choices))
+        if c == "const":
+            out.append(draw(st.sampled_from(_CONSTS)))
+            stack.append("v")
+        elif c == "str":
+            out.append(draw(st.sampled_from(_STRS)))
+            stack.append("str")
+        elif c == "empty":
+            name, kind = draw(st.sampled_from([("EMPTY_LIST", "list"), ("EMPTY_DICT", "dict"),
+                                               ("EMPTY_SET", "set"), ("EMPTY_TUPLE", "tuple")]))
+            out.append(name)
+            stack.append(kind)
+        elif c == "mark":
+            out.append("MARK")
+            stack.append("mark")
+        elif c == "global":
+            out.append(("GLOBAL", draw(st.sampled_from(["os", "__builtin__", "a.b"])),
+                        draw(st.sampled_from(["system", "eval", "c"]))))
+            stack.append("call")
+        elif c == "put":
+            idx = draw(st.integers(0, 5) | st.just(2**32 - 2))
+            out.append(draw(st.sampled_from([("PUT", idx), ("BINPUT", idx % 256), ("LONG_BINPUT", idx),
+                                             ("MEMOIZE",)])))
+            key = {"PUT": idx, "BINPUT": idx % 256, "LONG_BINPUT": idx}.get(out[-1][0], len(memo))
+            memo[key] = stack[-1]
+        elif c == "get":
+            idx = draw(st.sampled_from(sorted(memo)))
+            out.append(draw(st.sampled_from([("GET", idx), ("LONG_BINGET", idx)]
+                                            + ([("BINGET", idx)] if idx < 256 else []))))
+            stack.append(memo[idx])
+        elif c == "dup":
+            out.append("DUP")
+            stack.append(stack[-1])
+        elif c == "pop":
+            out.append("POP")
+            stack.pop()
+        elif c in ("tuple1", "tuple2"):
+            n = int(c[-1])
+            out.append(c.upper())
+            del stack[-n:]
+            stack.append("tuple")
+        elif c == "build":
+            out.append("NONE")
+            out.append("BUILD")
+        elif c == "stack_global":
+            out.append("STACK_GLOBAL")
+            stack[-2:] = ["call"]
+        elif c in ("reduce", "newobj"):
+            out.append(c.upper())
+            stack[-2:] = ["v"]
+        elif c == "append":
+            out.append("APPEND")
+            stack.pop()
+        elif c == "additems1":
+            stack.pop()
+            out.extend(["POP", "MARK", ("BININT1", 1), "ADDITEMS"])
+        elif c == "setitem":
+            out.append("SETITEM")
+            del stack[-2:]
+        elif c in ("close", "pop_mark", "inst", "appends", "additems", "obj"):
+            n = len(top)
+            del stack[len(stack) - n - 1:]
+            if c == "close":
+                name, kind = draw(st.sampled_from([("TUPLE", "tuple"), ("LIST", "list")]))
+                out.append(name)
+                stack.append(kind)
+            elif c == "pop_mark":
+                out.append("POP_MARK")
+            elif c == "inst":
+                out.append(("INST", "m", "C"))
+                stack.append("v")
+            elif c == "obj":
+                out.append("OBJ")
+                stack.append("v")
+            else:
+                out.append(c.upper())
+    while "mark" in stack:
+        stack[len(stack) - stack[::-1].index("mark") - 1:] = ["tuple"]
+        out.append("TUPLE")
+    if not stack:
+        out.append("NONE")
+    return out
+
+
+@PROPS
+@given(valid_program())
+def test_valid_programs_agree_with_pickle_py(items: list[Any]) -> None:
+    data = asm(*items, "STOP")
+    try:
+        ref = _Reference(data)
+        expected = ref.load()
+    except Exception:
+        return
+    r = run_vm(data, limits=SMALL)
+    assert r.complete, r.error
+    assert [(u.raw_module, u.raw_name) for u in r.globals] == ref.seen
+    if not ref.seen:
+        assert _equal_loose(r.root, expected)
