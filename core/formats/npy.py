@@ -153,7 +153,7 @@ def analyze_array(source: ByteSource, an: Analysis, *, name: str, record: str | 
     abs_ = (lambda pos: base + pos) if base is not None else (lambda pos: None)
     try:
         header = read_npy_header(source, an.options.limits.max_npy_header_bytes)
-    except FormatError as exc:
+    except (FormatError, LimitExceeded) as exc:
         an.add(exc.code, exc.message, record=record, offset=abs_(exc.offset or 0))
         return False
     size = source.size
