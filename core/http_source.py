@@ -254,6 +254,7 @@ class HttpSource:
         self._etag: str | None = None
         self._last_modified: str | None = None
         self._range_ignored = False
+        self._resolved: str | None = None  # where the last redirect chain ended
         self._multi_range_ok = True      # until a server answers a multi-range request with 200
         self._workers = max(1, max_workers)
         self._client = httpx.Client(
@@ -494,7 +495,14 @@ class HttpSource:
         return headers
 
     def _exchange(self, want: _Want) -> None:
-        url = self.url
+        """One request, following redirects by hand (each hop guarded, Range kept).
+
+        The target a redirect chain ended at is reused for later requests (a hub sends
+        every request to the same CDN URL); if it stops working with a client error
+        (an expired signed URL) the chain is walked again from the original URL.
+        """
+        start = self._resolved or self.url
+        url = start
         for _hop in range(self._max_redirects + 1):
             self._guard.check_url(url)
             with self._client.stream("GET", url, headers=self._headers_for(url, want)) as resp:
@@ -510,6 +518,9 @@ class HttpSource:
                     continue
                 if status in TRANSIENT_STATUS:
                     raise _Transient(f"HTTP {status} from {_short(url)}")
+                if 400 <= status < 500 and status != 416 and start != self.url:
+                    self._resolved = None
+                    raise _Transient(f"HTTP {status} from the redirect target {_short(url)}")
                 encoding = resp.headers.get("content-encoding", "identity").strip().lower()
                 if encoding not in ("", "identity"):
                     raise SourceError(Code.SOURCE_HTTP, f"Content-Encoding {encoding!r} on a range read")
@@ -523,6 +534,8 @@ class HttpSource:
                     self._take_unsatisfiable(resp, want)
                 else:
                     raise SourceError(Code.SOURCE_HTTP, f"HTTP {status} from {_short(url)}")
+                if url != self.url:
+                    self._resolved = url
                 return
         raise SourceError(Code.SOURCE_HTTP, f"more than {self._max_redirects} redirects")
 

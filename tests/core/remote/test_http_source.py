@@ -232,6 +232,23 @@ def test_redirect_keeps_range_and_drops_auth_on_other_hosts(server, small_ckpt) 
     assert all(e.headers["Host"].startswith("cdn.test:") for e in cdn)
 
 
+def test_redirect_target_is_reused_and_walked_again_when_it_expires(server, many_ckpt) -> None:
+    guard = UrlGuard(allowlist=("127.0.0.1",))
+    server.files["/hub.pt"] = many_ckpt
+    server.files["/cdn.pt"] = many_ckpt
+    server.set_fault("redirect", redirect_to=server.url("/cdn.pt"))
+    server.fault_paths = {"/hub.pt"}
+    with HttpSource(server.url("/hub.pt"), guard=guard, speculate=False, backoff=0.01) as src:
+        n_hub = sum(e.path == "/hub.pt" for e in server.log)
+        assert src.read_at(300_000, 10) == many_ckpt[300_000:300_010]
+        assert sum(e.path == "/hub.pt" for e in server.log) == n_hub  # straight to the CDN
+        del server.files["/cdn.pt"]          # the signed URL expired: 404
+        server.files["/cdn2.pt"] = many_ckpt
+        server.set_fault("redirect", redirect_to=server.url("/cdn2.pt"))
+        assert src.read_at(400_000, 10) == many_ckpt[400_000:400_010]
+        assert [e.path for e in server.log[-3:]] == ["/cdn.pt", "/hub.pt", "/cdn2.pt"]
+
+
 @pytest.mark.parametrize("target", ["http://169.254.169.254/latest/meta-data/",
                                     "http://10.0.0.1/x.pt", "http://[::1]/x.pt",
                                     "file:///etc/passwd"])
