@@ -457,8 +457,11 @@ class _Emulator:
         # a user-allowlisted callable: its behaviour is the user's; the result is taken to be
         # an instance of that class (BUILD/SETITEM checks then follow type(inst))
         c = Call(func, args, opcode, self.op_offset)
-        c.attrs["type"] = func.full
-        c.attrs["user"] = True
+        # NEWOBJ makes an instance of `func`; REDUCE does too when `func` is a class, which we
+        # can only guess from the name (a factory function's result has an unknown type)
+        is_class = opcode == "NEWOBJ" or func.name[:1].isupper()
+        c.attrs["type"] = func.full if is_class else None
+        c.attrs["user"] = is_class
         return c
 
     def op_build(self, inst: Any, state: Any) -> None:

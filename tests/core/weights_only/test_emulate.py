@@ -167,3 +167,23 @@ def test_mutated_pickles_never_raise(seed: bytes, flips: list[tuple[int, int]], 
         assert isinstance(res.error.type, str) and isinstance(res.error.wrapped(), str)
     emulate(data, legacy=True)
     unsafe_globals(data)
+
+
+def test_user_factory_function_result_type_is_not_guessed() -> None:
+    data = pk(g("mylib.make_thing"), "EMPTY_TUPLE", "REDUCE", "EMPTY_DICT", "BUILD")
+    res = emulate(data, allow=frozenset({"mylib.make_thing"}))
+    assert res.error is not None and res.error.type == "Unmodelled"
+    cls = pk(g("mylib.Thing"), "EMPTY_TUPLE", "REDUCE", "EMPTY_DICT", "BUILD")
+    assert emulate(cls, allow=frozenset({"mylib.Thing"})).loadable
+
+
+def test_baseline_user_global_calls_are_not_claimed() -> None:
+    data = pk(g("torch.nested._internal.nested_tensor._rebuild_njt"), "EMPTY_TUPLE", "REDUCE")
+    res = emulate(data)
+    assert res.error is not None and res.error.type == "Unmodelled"
+
+
+def test_memoryview_input_and_offsets() -> None:
+    data = b"junk" + pk("EMPTY_DICT", ("BINPUT", 0), g("os.system"))
+    res = emulate(memoryview(data)[4:], base_offset=4)
+    assert res.error is not None and res.error.offset == data.index(b"cos")
