@@ -25,7 +25,7 @@ from typing import Any, Literal
 
 from core.analysis import Analysis
 from core.errors import Code, Severity
-from core.names import torch_map
+from core.names import python_map, torch_map
 from core.report import GlobalStatus
 from core.threat_table import (
     BENIGN_MODULES,
@@ -104,6 +104,8 @@ def _variants(module: str, name: str) -> list[tuple[str, tuple[str, str]]]:
         if (m, n) != (module, name) and all(p != (m, n) for _, p in out):
             out.append((label, (m, n)))
 
+    add("torch's Python 2 name mapping", *torch_map(module, name))
+    add("pickle's Python 2 name mapping", *python_map(module, name, 2))
     stripped = ("".join(c for c in module if c.isprintable()).strip(" .\t"),
                 "".join(c for c in name if c.isprintable()).strip(" .\t"))
     add("a whitespace/control-padded spelling", *stripped)

@@ -88,6 +88,8 @@ def test_unknown(module: str, name: str) -> None:
     ("o\u200bs", "system", "control"),           # zero-width space inside
     (" subprocess", "Popen", "whitespace"),
     ("os\nsystem", "x", "whitespace-split"),
+    ("__builtin__", "eval", "Python 2 name mapping"),
+    ("commands", "getoutput", "runs commands"),
 ])
 def test_spelling_variants_are_judged(module: str, name: str, label: str) -> None:
     t = classify_global(module, name)
