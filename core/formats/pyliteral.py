@@ -39,7 +39,11 @@ _NAMES: dict[str, Any] = {"True": True, "False": False, "None": None}
 
 
 def parse_literal(text: str, *, max_len: int = 10_000, allow_long_suffix: bool = False) -> Any:
-    """Parse one literal. `allow_long_suffix`: accept Python 2 `3L` (numpy filters it)."""
+    """Parse one literal. `allow_long_suffix`: accept Python 2 `3L` (numpy filters it).
+
+    >>> parse_literal("{'descr': '<f4', 'fortran_order': False, 'shape': (3,), }")
+    {'descr': '<f4', 'fortran_order': False, 'shape': (3,)}
+    """
     if len(text) > max_len:
         raise LiteralError(f"literal of {len(text)} characters (cap {max_len})")
     tokens = _tokenize(text.lstrip(" \t"), allow_long_suffix)

@@ -134,7 +134,11 @@ def read_header(source: ByteSource) -> StHeader:
 
 
 def parse_header(raw: bytes) -> StHeader:
-    """The header bytes -> StHeader, with serde_json's and serde's acceptance rules."""
+    """The header bytes -> StHeader, with serde_json's and serde's acceptance rules.
+
+    >>> parse_header(b'{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}').tensors[0].end
+    8
+    """
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:

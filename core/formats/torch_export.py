@@ -131,8 +131,9 @@ def _set_weights_only(an: Analysis) -> None:
     broken = [f for f in an.findings if f.code.effect == "invalid"]
     unsafe = sorted(g.full for g in an.globals.values() if g.status != "allowed")
     if reasons:
+        # torch.export.load raises nothing here: it unpickles/evaluates; error says what
         an.weights_only = WeightsOnly(loadable=False, error=reasons[0].message,
-                                      error_type="UnsafeLoad", unsafe_globals=unsafe)
+                                      error_type=None, unsafe_globals=unsafe)
     elif broken:
         an.weights_only = WeightsOnly(loadable=False, error=broken[0].message, error_type=None,
                                       unsafe_globals=unsafe)
