@@ -526,6 +526,8 @@ class _Emulator:
                                 f"not enough values to unpack (expected {want}, got {len(data)})")
             raise self.fail("ValueError", f"too many values to unpack (expected {want})")
         storage_type, key, location, numel = data[:4]
+        if self.legacy:  # _legacy_load decodes the location before it looks at the type
+            location = self.decode_ascii(location)
         if isinstance(storage_type, Global) and storage_type.full == "torch.storage.UntypedStorage" \
                 and not self.legacy:
             dtype, st_name = "uint8", storage_type.full
@@ -539,8 +541,6 @@ class _Emulator:
                             f"'{self.tname(storage_type)}' object has no attribute 'dtype'")
         else:
             raise self.fail("Unmodelled", "not modelled: this storage type in a persistent id")
-        if self.legacy:
-            location = self.decode_ascii(location)
         if isinstance(key, bool) or not isinstance(key, (str, int)):
             raise self.fail("Unmodelled", "not modelled: a storage key that is not a str/int")
         if isinstance(numel, bool) or not isinstance(numel, int) or numel < 0 or numel >= 1 << 56:
@@ -685,6 +685,8 @@ def safe_globals_hint(names: Iterable[str]) -> str:
     exprs: list[str] = []
     for full in sorted(set(names)):
         module, _, name = full.rpartition(".")
+        if module in BLOCKED_MODULES:  # torch refuses these whatever the allowlist says
+            continue
         if module in ("builtins", ""):
             exprs.append(name)
             continue
