@@ -116,3 +116,23 @@ def test_long_name_header_chains(fmt: int) -> None:
     assert is_tar(data[:tar_bytes_needed(data[:512])])
     broken = data[:1024] + b"\xff" * 512
     assert not is_tar(broken)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.data())
+def test_mutated_tars_never_crash(data: st.DataObject) -> None:
+    from core.scan import scan_source
+    from core.source import BytesSource
+
+    base = bytearray(_BASE_TAR)
+    for _ in range(data.draw(st.integers(1, 6))):
+        pos = data.draw(st.integers(0, len(base) - 1))
+        base[pos] = data.draw(st.integers(0, 255))
+    cut = data.draw(st.integers(1, len(base)))
+    report = scan_source(BytesSource(bytes(base[:cut])))
+    assert not any(f.code == Code.INTERNAL_ERROR for f in report.findings), report.findings
+    if report.format == "torch-tar":
+        assert not report.weights_only.loadable
+
+
+_BASE_TAR = legacy_tar(base_members(pickle=EVIL))
