@@ -58,8 +58,12 @@ _F64 = struct.Struct(">d").unpack_from   # BINFLOAT is big-endian (FORMATS.md §
 
 # A dotted Python identifier (ASCII); anything else is worth a note.
 _DOTTED = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*")
-# Tuples nested deeper than this are not hashed (tuple hash recurses in C, unguarded).
+# Dict keys / set members beyond these are not hashed (see hashable_key).
 _MAX_KEY_DEPTH = 200
+_MAX_KEY_NODES = 10_000
+_MAX_KEY_INT_BITS = 65_536
+# Notes past this many are counted, not kept (a pickle of EXT1 opcodes would make millions).
+MAX_NOTES = 10_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,25 +129,34 @@ def describe(value: Any) -> str:
 
 
 def hashable_key(value: Any) -> Any:
-    """`value` if it can be a dict key / set member safely, else `Unhashable(value)`."""
+    """`value` if it can be a dict key / set member cheaply, else `Unhashable(value)`.
+
+    CPython hashes tuples recursively and uncached (a 1M-deep tuple crashes it; a tuple
+    DAG built with DUP TUPLE2 takes 2**depth steps) and big ints in linear time, again on
+    every insertion: such keys are wrapped instead of hashed.
+    """
     t = type(value)
-    if t is str or t is int or t is bytes or t is float or value is None or t is bool:
-        return value
+    if t is str or t is bytes or t is float or value is None or t is bool:
+        return value        # str/bytes cache their hash
+    if t is int:
+        return value if value.bit_length() <= _MAX_KEY_INT_BITS else Unhashable(value)
     if t is list or t is dict or t is set or t is bytearray:
         return Unhashable(value)
     if t is not tuple:
-        return value        # Global hashes its strings; other nodes and frozenset hash flatly
-    # Iterative scan: every leaf hashable and nesting shallow enough for tuple.__hash__.
+        return value        # Global hashes two strs; other nodes by id; frozenset caches its hash
     todo: list[tuple[tuple[Any, ...], int]] = [(value, 1)]
+    budget = _MAX_KEY_NODES
     while todo:
         tup, depth = todo.pop()
-        if depth > _MAX_KEY_DEPTH:
+        budget -= len(tup) + 1
+        if depth > _MAX_KEY_DEPTH or budget < 0:
             return Unhashable(value)
         for item in tup:
             it = type(item)
             if it is tuple:
                 todo.append((item, depth + 1))
-            elif it is list or it is dict or it is set or it is bytearray or it is Unhashable:
+            elif it is list or it is dict or it is set or it is bytearray or (
+                    it is int and item.bit_length() > _MAX_KEY_INT_BITS):
                 return Unhashable(value)
     return value
 
@@ -223,11 +236,17 @@ class _Machine:
 
     # -- rare paths, shared by handlers ---------------------------------------------------
     def note(self, code: Code, message: str, pos: int) -> None:
-        self.result.notes.append((code, message, self.base + pos))
+        notes = self.result.notes
+        if len(notes) < MAX_NOTES:
+            notes.append((code, message, self.base + pos))
+        elif len(notes) == MAX_NOTES:
+            notes.append((code, f"more notes after this one were not recorded: {message}", self.base + pos))
 
     def add_global(self, raw_module: str, raw_name: str, opcode: str, pos: int) -> Global:
         """Record a global reference made at opcode position `pos` and return its node."""
-        if not (_DOTTED.fullmatch(raw_module) and _DOTTED.fullmatch(raw_name)):
+        # Length first: a memo'd 100 MB "identifier" must not be rescanned at every use.
+        if (len(raw_module) > 1000 or len(raw_name) > 1000
+                or not (_DOTTED.fullmatch(raw_module) and _DOTTED.fullmatch(raw_name))):
             self.note(Code.PICKLE_NON_ASCII_GLOBAL,
                       f"{opcode} {raw_module[:100]!r} {raw_name[:100]!r} is not a dotted identifier", pos)
         module, name = python_map(raw_module, raw_name, self.proto)
@@ -758,9 +777,7 @@ class _Machine:
             top = stack[-1]
             if type(top) is Buffer:     # pickle.load_readonly_buffer: a read-only view of the top
                 stack[-1] = Buffer(True, top.offset)
-            elif type(top) is bytearray:
-                stack[-1] = bytes(top)
-            return pos
+            return pos                  # (a bytearray stays as it is: copying it could repeat)
 
         # ---- framing and protocol ----
         def op_proto(pos: int) -> int:

@@ -184,3 +184,37 @@ def test_unsupported_protocol_noted() -> None:
 def test_error_offsets_are_absolute() -> None:
     r = run_vm(b"xxN\xff", start=2, base_offset=500)
     assert r.error is not None and r.error.offset == 503 and r.end == 3 and r.start == 2
+
+
+def test_keys_that_would_hash_slowly_are_wrapped() -> None:
+    # DUP TUPLE2 x 80: a tuple DAG with 2**80 leaves; hashing it would never finish.
+    dag = asm(("BININT1", 1), ("RAW", (op("DUP") + op("TUPLE2")) * 80))
+    r = run_vm(asm("EMPTY_DICT", ("RAW", dag), "NONE", "SETITEM", "EMPTY_SET", "MARK", ("RAW", dag),
+                   "ADDITEMS", "TUPLE2", "STOP"))
+    assert r.complete
+    d, s = r.root
+    assert [type(k) for k in d] == [Unhashable] and [type(m) for m in s] == [Unhashable]
+    big = 1 << 100_000
+    assert isinstance(hashable_key(big), Unhashable) and isinstance(hashable_key((1, (big,))), Unhashable)
+    assert hashable_key(1 << 60) == 1 << 60 and hashable_key((1, (2, "x"))) == (1, (2, "x"))
+    # a big int reused as a key through the memo: wrapped every time, never hashed
+    r = run_vm(asm("EMPTY_DICT", ("LONG4", big), ("BINPUT", 0), "NONE", "SETITEM",
+                   ("RAW", asm(("BINGET", 0), "NONE", "SETITEM") * 100), "STOP"))
+    assert r.complete and len(r.root) == 101
+
+
+def test_notes_are_capped() -> None:
+    from core.vm import MAX_NOTES
+
+    r = run_vm(asm(("PROTO", 2), ("RAW", asm(("EXT1", 1), "POP") * (MAX_NOTES + 50)), "NONE", "STOP"))
+    assert r.complete and len(r.notes) == MAX_NOTES + 1
+    assert r.notes[-1][1].startswith("more notes after this one were not recorded")
+
+
+def test_long_global_names_not_rescanned() -> None:
+    name = "a" * 5_000_000
+    data = asm(("PROTO", 4), ("BINUNICODE", name), ("BINPUT", 0), "POP",
+               ("RAW", asm(("BINGET", 0), ("BINGET", 0), "STACK_GLOBAL", "POP") * 200), "NONE", "STOP")
+    r = run_vm(data)
+    assert r.complete and len(r.globals) == 200
+    assert {c for c, _m, _o in r.notes} == {Code.PICKLE_NON_ASCII_GLOBAL}
