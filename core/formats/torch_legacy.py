@@ -178,11 +178,17 @@ class _Stream:
                 key = keys[i]
                 block = blocks[_hashable(key)]
                 (count,) = COUNT.unpack(got)
-                nbytes = count * block.itemsize
+                product = count * block.itemsize
+                wrapped = product % (1 << 64)     # torch compares (and prints) size_t values
                 data_offset = offset + 8
-                ok = nbytes == block.nbytes
+                ok = wrapped == block.nbytes
+                nbytes = block.nbytes if ok else product
                 if not ok:
-                    self.fail(TorchError("RuntimeError", f"{_WRONG_SIZE}{nbytes}{block.nbytes}", offset))
+                    self.fail(TorchError("RuntimeError", f"{_WRONG_SIZE}{wrapped}{block.nbytes}", offset))
+                elif product != block.nbytes:
+                    self.an.add(Code.TORCH_RECORD_SIZE_MISMATCH,
+                                f"storage {key}: count {count} x {block.itemsize} bytes wraps around "
+                                f"to {block.nbytes} (a forged count torch accepts)", offset=offset)
                 if nbytes < 0 or data_offset + nbytes > size:
                     missing = nbytes - (size - data_offset) if nbytes >= 0 else 0
                     if ok:

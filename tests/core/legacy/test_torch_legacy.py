@@ -227,3 +227,60 @@ def test_numpy_view_of_manifest_reads_real_values(write: Any) -> None:
     entry = scan_path(path).tensors[0]
     raw = Path(path).read_bytes()[entry.data_offset:entry.data_offset + entry.nbytes]
     assert np.array_equal(np.frombuffer(raw, "<f4"), t.numpy())
+
+
+def _one_storage_main(key: str = "7", numel: int = 2, st: str = "FloatStorage",
+                      view: tuple[object, ...] | None = None) -> bytes:
+    """A main pickle holding one bare typed storage pid (a 6-tuple, as legacy torch writes)."""
+    view_ops: list[object] = ["NONE"] if view is None else [
+        "MARK", ("BINUNICODE", str(view[0])), ("BININT1", view[1]), ("BININT1", view[2]), "TUPLE"]
+    return asm(("PROTO", 2), "MARK", ("BINUNICODE", "storage"), ("GLOBAL", "torch", st),
+               ("BINUNICODE", key), ("BINUNICODE", "cpu"), ("BININT1", numel), *view_ops,  # type: ignore[arg-type]
+               "TUPLE", "BINPERSID", "STOP")
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("case", [
+    "protocol4_main", "blocked_sys_info", "keys_str", "keys_dict", "keys_int", "keys_unknown",
+    "negative_count", "huge_count", "wrapping_count", "untyped", "view", "unsupported_in_keys",
+    "ok_bare_storage"])
+def test_handmade_streams_match_torch(case: str, write: Any) -> None:
+    import pickle
+
+    main = _one_storage_main()
+    keys: Any = ["7"]
+    blocks = [(2, b"\0" * 8)]
+    kw: dict[str, Any] = {}
+    if case == "protocol4_main":
+        main = pickle.dumps({"a": 1}, protocol=4)
+        keys, blocks = [], []
+    elif case == "blocked_sys_info":
+        kw["sys_info"] = asm(("PROTO", 2), ("GLOBAL", "posix", "getcwd"), "STOP")
+    elif case == "negative_count":
+        blocks = [(-1, b"")]
+    elif case == "huge_count":
+        blocks = [(1 << 40, b"")]
+    elif case == "wrapping_count":     # (2**62 + 2) * 4 == 8 mod 2**64: torch accepts it
+        blocks = [((1 << 62) + 2, b"\0" * 8)]
+    elif case == "untyped":
+        main = _one_storage_main(st="UntypedStorage")
+    elif case == "view":
+        main = _one_storage_main(numel=4, view=("8", 1, 2))
+        blocks = [(4, b"\0" * 16)]
+    data = stream(main, keys, blocks, **kw)
+    if case.startswith("keys_") or case == "unsupported_in_keys":
+        prefix = stream(main, [], [], **kw)[: -len(pickle.dumps([], protocol=2))]
+        keys_pkl = {"keys_str": pickle.dumps("7", protocol=2),
+                    "keys_dict": pickle.dumps({"7": 1}, protocol=2),
+                    "keys_int": pickle.dumps(7, protocol=2),
+                    "keys_unknown": pickle.dumps(["7", "9"], protocol=2),
+                    "unsupported_in_keys": pickle.dumps(["7"], protocol=4)}[case]
+        data = prefix + keys_pkl + struct.pack("<q", 2) + b"\0" * 8
+    path = write(data)
+    report = scan_path(path)
+    assert_same_outcome(report, path)
+    if case == "ok_bare_storage":
+        assert report.verdict == "safe" and report.storages[0].data_offset == len(data) - 8
+    if case == "wrapping_count":
+        assert report.weights_only.loadable and report.verdict == "suspicious"
+        assert Code.TORCH_RECORD_SIZE_MISMATCH in codes(report)
