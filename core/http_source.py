@@ -52,7 +52,7 @@ from core.source import IoStats, check_span
 from core.urlguard import UrlGuard
 
 DEFAULT_HEAD_BYTES = 64 * 1024
-DEFAULT_TAIL_BYTES = 65 * 1024   # core.scan reads the last 64 KiB + 22 (EOCD + max comment)
+DEFAULT_TAIL_BYTES = 68 * 1024   # >= the 69,584 bytes miniz's EOCD scan can reach (core.zipdir)
 DEFAULT_COALESCE_GAP = 64 * 1024
 CACHE_SPAN_LIMIT = 16 * 1024 * 1024   # larger reads (whole tensors) bypass the cache
 CHUNK = 64 * 1024

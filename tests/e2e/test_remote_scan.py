@@ -146,3 +146,15 @@ def test_cli_get_and_scan_over_http(srv, files, tmp_path) -> None:
     res = run_cli("scan", srv.url("/small.pt"), "--json")
     assert res.returncode == 0, res.stderr
     assert '"requests"' in res.stdout
+
+
+def test_big_tensor_checkpoint_manifest_in_one_round_trip() -> None:
+    """The 2 GB bench case in miniature: the full report from the head and tail reads alone."""
+    data = save({"embed": torch.zeros(3 << 20, dtype=torch.uint8), "norm": torch.ones(64),
+                 "bias": torch.zeros(64)})
+    with RangeServer({"/big.pt": data}) as s, HttpSource(s.url("/big.pt"), guard=GUARD) as src:
+        report = scan_source(src)
+        assert report.verdict == "safe" and len(report.tensors) == 3
+        assert src.stats.requests == 2 and src.round_trips == 1
+        assert src.stats.bytes_read <= 64 * 1024 + 68 * 1024
+    assert comparable(report) == comparable(scan_source(BytesSource(data)))
