@@ -173,6 +173,7 @@ class _Machine:
         self.marks: list[int] = []
         self.memo: dict[int, Any] = {}
         self.proto = 0                 # pickle.py's default before any PROTO
+        self.dotted: dict[str, bool] = {}
         self.result = VmResult(start=start, end=start)
 
     # -- the loop -------------------------------------------------------------------------
@@ -244,14 +245,19 @@ class _Machine:
 
     def add_global(self, raw_module: str, raw_name: str, opcode: str, pos: int) -> Global:
         """Record a global reference made at opcode position `pos` and return its node."""
-        # Length first: a memo'd 100 MB "identifier" must not be rescanned at every use.
-        if (len(raw_module) > 1000 or len(raw_name) > 1000
-                or not (_DOTTED.fullmatch(raw_module) and _DOTTED.fullmatch(raw_name))):
+        if not (self.is_dotted(raw_module) and self.is_dotted(raw_name)):
             self.note(Code.PICKLE_NON_ASCII_GLOBAL,
                       f"{opcode} {raw_module[:100]!r} {raw_name[:100]!r} is not a dotted identifier", pos)
         module, name = python_map(raw_module, raw_name, self.proto)
         self.result.globals.append(GlobalUse(module, name, raw_module, raw_name, opcode, self.base + pos))
         return Global(module, name)
+
+    def is_dotted(self, text: str) -> bool:
+        # Cached, and length first: a memo'd long "identifier" must not be rescanned at every use.
+        ok = self.dotted.get(text)
+        if ok is None:
+            ok = self.dotted[text] = len(text) <= 1000 and _DOTTED.fullmatch(text) is not None
+        return ok
 
     def decode_name(self, raw: bytes, encoding: str, opcode: str, pos: int) -> str:
         """GLOBAL decodes its lines as UTF-8, INST as ASCII; undecodable ones get a note."""
