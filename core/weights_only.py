@@ -9,9 +9,16 @@ replays `serialization._load.persistent_load` (or `_legacy_load`'s) against a
 in torch's words; shapes of input we did not measure end it with type "Unmodelled".
 Limits end it with type "LimitExceeded" (never an exception out of `emulate`).
 
-The process emulated is a fresh `import torch` on a CPU build: the user safe set then
-holds BASELINE_USER_GLOBALS (FORMATS.md §3.2). Storage locations "cpu", "cuda[:N]" and
-"mps" are assumed restorable (the host's devices are not the file's business).
+Assumptions (each a deliberate choice, see tests/differential):
+- the process is a fresh `import torch`: the user safe set holds BASELINE_USER_GLOBALS
+  (FORMATS.md §3.2), plus the caller's `allow` (like `add_safe_globals` with strings);
+- storage locations "cpu", "cuda[:N]" and "mps" are restorable (the host's devices are
+  not the file's business; a CPU-only torch would refuse "cuda" records);
+- a user-allowlisted class accepts its own NEWOBJ args and BUILD state (that is what
+  allowlisting it asserts); a user-allowlisted *function*'s result type is unknown;
+- sparse invariant checks are off (torch's default), so sparse tensors are judged on
+  their shapes only; nested, wrapper-subclass and device-copy rebuilds are Unmodelled
+  (their checks depend on tensor data or on the host).
 """
 
 from __future__ import annotations
@@ -251,7 +258,7 @@ class _Emulator:
                 continue
             if op == 0x58 and pos + 4 <= end:  # BINUNICODE
                 n = u32(buf, pos)[0]
-                if n <= max_str:
+                if min(n, end - pos - 4) <= max_str:  # a short read is what torch gets too
                     try:
                         stack.append(str(buf[pos + 4:pos + 4 + n], "utf-8", "surrogatepass"))
                         r.pos = min(pos + 4 + n, end)
@@ -367,7 +374,7 @@ class _Emulator:
                     stack.append(self.unpack(">d", 8))
                 elif op == 0x58:  # BINUNICODE
                     n = self.unpack("<I", 4)
-                    if n > max_str:
+                    if min(n, end - r.pos) > max_str:
                         raise self.fail("LimitExceeded", f"{n}-byte string")
                     raw = r.read(n)
                     try:

@@ -106,8 +106,7 @@ def test_limits_end_the_run_as_limit_exceeded() -> None:
     assert res.error is not None and res.error.type == "LimitExceeded"
     deep = emulate(asm(("PROTO", 2), *(["MARK"] * 50), "STOP"), limits=Limits(max_depth=10))
     assert deep.error is not None and deep.error.type == "LimitExceeded"
-    big = emulate(asm(("PROTO", 2), ("BINUNICODE", "ab", {"length": 10**6}), "STOP"),
-                  limits=Limits(max_str_bytes=1000))
+    big = emulate(asm(("PROTO", 2), ("BINUNICODE", "a" * 2000), "STOP"), limits=Limits(max_str_bytes=1000))
     assert big.error is not None and big.error.type == "LimitExceeded"
 
 
@@ -187,3 +186,9 @@ def test_memoryview_input_and_offsets() -> None:
     data = b"junk" + pk("EMPTY_DICT", ("BINPUT", 0), g("os.system"))
     res = emulate(memoryview(data)[4:], base_offset=4)
     assert res.error is not None and res.error.offset == data.index(b"cos")
+
+
+def test_truncated_huge_string_is_a_short_read_not_a_limit() -> None:
+    data = asm(("PROTO", 2), ("BINUNICODE", "ab", {"length": 10**6}))
+    res = emulate(data, limits=Limits(max_str_bytes=1000))
+    assert res.error is not None and res.error.type == "EOFError"
