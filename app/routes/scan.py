@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
 
 from app.deps import AuthDep, ScanServiceDep, SettingsDep
 from app.uploads import receive_upload
@@ -17,7 +16,7 @@ TEST_HOOK_HEADER = "x-ckptguard-test-hook"
 @router.post("/scan", openapi_extra={"requestBody": {"content": {"multipart/form-data": {
     "schema": {"type": "object", "required": ["file"],
                "properties": {"file": {"type": "string", "format": "binary"}}}}}}})
-async def scan_upload(request: Request, settings: SettingsDep, scans: ScanServiceDep) -> dict[str, Any]:
+async def scan_upload(request: Request, settings: SettingsDep, scans: ScanServiceDep) -> JSONResponse:
     """Scan an uploaded checkpoint. A malicious file is a 200 with `verdict: unsafe`."""
     upload = await receive_upload(
         request.headers.get("content-type"), request.headers.get("content-length"),
@@ -28,6 +27,7 @@ async def scan_upload(request: Request, settings: SettingsDep, scans: ScanServic
     try:
         info = {"kind": "upload", "name": upload.filename, "size": upload.size,
                 "sha256": upload.sha256}
-        return await scans.scan_file(str(upload.path), info, hook=hook)
+        # A JSONResponse skips FastAPI's jsonable_encoder walk: reports are JSON already.
+        return JSONResponse(await scans.scan_file(str(upload.path), info, hook=hook))
     finally:
         upload.discard()

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import re
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query
+from fastapi.responses import JSONResponse
 
 from app.deps import AuthDep, StoreDep
 from app.problems import AppError
@@ -18,11 +19,11 @@ _ID = re.compile(r"[0-9a-f]{32}")
 
 
 @router.get("/scans/{scan_id}")
-async def get_scan(scan_id: str, store: StoreDep) -> dict[str, Any]:
+async def get_scan(scan_id: str, store: StoreDep) -> JSONResponse:
     stored = await asyncio.to_thread(store.get, scan_id) if _ID.fullmatch(scan_id) else None
     if stored is None:
         raise AppError("SCAN_NOT_FOUND", 404, "no scan with this id")
-    return stored.to_json()
+    return JSONResponse(stored.to_json())
 
 
 @router.get("/scans")
@@ -32,11 +33,11 @@ async def list_scans(
     verdict: Literal["safe", "suspicious", "unsafe", "invalid"] | None = None,
     limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 50,
     cursor: Annotated[str | None, Query(max_length=64)] = None,
-) -> dict[str, Any]:
+) -> JSONResponse:
     """Newest first. Pass `next_cursor` back as `cursor` for the next page."""
     try:
         page = await asyncio.to_thread(store.list, sha256=sha256.lower() if sha256 else None,
                                        verdict=verdict, limit=limit, cursor=cursor)
     except ValueError as exc:
         raise AppError("BAD_CURSOR", 400, "the cursor is not one this service issued") from exc
-    return {"items": [s.to_json() for s in page.items], "next_cursor": page.next_cursor}
+    return JSONResponse({"items": [s.to_json() for s in page.items], "next_cursor": page.next_cursor})
