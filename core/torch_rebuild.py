@@ -134,6 +134,8 @@ def str_value(v: Any, storage_of: StorageOf, depth: int = 0) -> str | None:
         return None
     if v is None or isinstance(v, (bool, int, float, str, bytes)):
         return str(v) if depth == 0 or not isinstance(v, (str, bytes)) else repr(v)
+    if isinstance(v, (list, tuple, set, dict)) and len(v) > 10_000:
+        return None  # torch would print it all; we do not build megabyte messages
     if isinstance(v, (list, tuple, set)):
         parts = [str_value(x, storage_of, depth + 1) for x in v]
         if any(p is None for p in parts):
@@ -232,6 +234,8 @@ def _check_view(st: StorageInfo, itemsize: int, offset: Any, size: Any, stride: 
     numel = 1
     for s in shape:
         numel *= s
+        if numel >= _INT64_SAFE:  # stop before the product becomes a huge int
+            break
     if numel >= _INT64_SAFE:
         raise unmodelled("element count near int64 overflow")
     if numel == 0:
@@ -538,7 +542,7 @@ def _set(func: Global, args: tuple[Any, ...], so: StorageOf, opcode: str, off: i
 def _complex(func: Global, args: tuple[Any, ...], so: StorageOf, opcode: str, off: int) -> Call:
     if len(args) > 2:
         raise Fail("TypeError", f"complex() takes at most 2 arguments ({len(args)} given)")
-    if all(isinstance(a, (int, float)) for a in args):
+    if all(isinstance(a, float) or (isinstance(a, int) and abs(a) < 1 << 1000) for a in args):
         return _simple("complex")(func, args, so, opcode, off)
     raise unmodelled("complex() of non-numbers")
 
@@ -593,7 +597,7 @@ def _device(func: Global, args: tuple[Any, ...], so: StorageOf, opcode: str, off
                                                       and text[len(head) + 1:].isdigit()
                                                       and text[len(head) + 1:].isascii()
                                                       and len(text) < 16):
-            if len(args) == 2 and (args[1] < -1 or ":" in text):
+            if len(args) == 2 and (not -1 <= args[1] < 1 << 15 or ":" in text):
                 raise unmodelled("torch.device with an odd index")
             return _simple("torch.device")(func, args, so, opcode, off)
         if text and text.isalpha() and text.isascii() and text not in _DEVICE_TYPES.split(", "):

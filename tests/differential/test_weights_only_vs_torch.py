@@ -105,6 +105,15 @@ def _saved_cases(tmp: Path) -> list[Case]:
         "namespace-allowed": argparse.Namespace(a=1),
         "numpy": np.arange(3),
         "meta": torch.empty(2, device="meta"),
+        "optimizer": _optimizer_state(),
+        "dtype-views": [torch.arange(4, dtype=torch.float32).view(torch.int32)[1:],
+                        torch.arange(8, dtype=torch.int16)[::3]],
+        "channels-last": torch.ones(1, 2, 3, 3).to(memory_format=torch.channels_last),
+        "transposed-expanded": [torch.ones(2, 3).t(), torch.ones(3, 1).expand(3, 4)],
+        "requires-grad": torch.ones(2, requires_grad=True),
+        "uint-fp8": [torch.zeros(2, dtype=torch.uint32), torch.zeros(2, dtype=torch.float8_e4m3fnuz),
+                     torch.zeros(2, dtype=torch.complex32)],
+        "neg": torch.tensor([1.0, 2.0])._neg_view(),
         "slice": slice(1, 2),
         "range": range(3),
     }
@@ -117,6 +126,14 @@ def _saved_cases(tmp: Path) -> list[Case]:
                  "subclass-allowed": ["tests.core.weights_only.subclass.MyTensor"]}.get(name, [])
         out.append(Case(f"save:{name}", pkl, recs, allow))
     return out
+
+
+def _optimizer_state() -> Any:
+    model = torch.nn.Linear(2, 2)
+    opt = torch.optim.Adam(model.parameters())
+    model(torch.ones(1, 2)).sum().backward()
+    opt.step()
+    return {"model": model.state_dict(), "optim": opt.state_dict(), "epoch": 3}
 
 
 def zip_records_from_bytes(data: bytes, path: Path) -> tuple[bytes, dict[str, bytes]]:
@@ -143,7 +160,8 @@ ALL_NAMES = [c.name for c in CASES] + [f"save:{n}" for n in (
     "dtypes-all", "v3", "int-tensors", "empty-tensor", "scalar", "conj", "ordered", "counter",
     "quantized", "qchannel", "sparse", "sparse-csr", "subclass", "subclass-allowed", "namespace",
     "namespace-allowed",
-    "numpy", "meta", "slice", "range")]
+    "numpy", "meta", "slice", "range", "optimizer", "dtype-views", "channels-last", "transposed-expanded",
+    "requires-grad", "uint-fp8", "neg")]
 
 
 @pytest.mark.parametrize("name", ALL_NAMES)

@@ -192,3 +192,19 @@ def test_truncated_huge_string_is_a_short_read_not_a_limit() -> None:
     data = asm(("PROTO", 2), ("BINUNICODE", "ab", {"length": 10**6}))
     res = emulate(data, limits=Limits(max_str_bytes=1000))
     assert res.error is not None and res.error.type == "EOFError"
+
+
+def test_hostile_sizes_stay_cheap_and_unclaimed() -> None:
+    many = ["MARK", *[("LONG1", 2**61)] * 20000, "TUPLE"]
+    data = pk(*v2(pid(), size=(1,)))
+    assert emulate(data, resolver=Records({"data/0": F16})).loadable
+    big = pk(g("torch._utils._rebuild_tensor_v2"), "MARK", *pid(), ("BININT1", 0), *many, *many,
+             "NEWFALSE", g("collections.OrderedDict"), "EMPTY_TUPLE", "REDUCE", "TUPLE", "REDUCE")
+    res = emulate(big, resolver=Records({"data/0": F16}))
+    assert res.error is not None and res.error.type == "Unmodelled"
+    cplx = pk(g("builtins.complex"), ("LONG1", 10**400), "TUPLE1", "REDUCE")
+    res = emulate(cplx)
+    assert res.error is not None and res.error.type == "Unmodelled"
+    huge_list = pk("EMPTY_LIST", "MARK", *[("BININT1", 1)] * 20000, "APPENDS", "EMPTY_TUPLE", "REDUCE")
+    res = emulate(huge_list)
+    assert res.error is not None and res.error.type == "Unmodelled"
