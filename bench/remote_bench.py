@@ -1,7 +1,8 @@
 """Remote manifest cost: ckptguard's HttpSource vs a whole download vs torch's meta load.
 
 Generates (in a temp dir, deleted afterwards) a ~2 GB checkpoint (one big uint8 tensor
-+ a few small ones), a 10,000-tensor and a 100,000-tensor checkpoint with torch.save,
++ a few small ones), a 10,000-tensor and a 100,000-tensor checkpoint, and 1,000 tensors
+of 128 KB (records too far apart to coalesce: multi-range requests) with torch.save,
 serves them from tests/rangeserver.py on 127.0.0.1, and prints for each:
 requests, round trips, bytes read and wall time for
   ckptguard   HttpSource + core.scan.scan_source (the full report, zip forensics included)
@@ -134,6 +135,10 @@ def make_files(tmp: Path, big_gb: float, only: set[str]) -> dict[str, Path]:
         p = tmp / "t100k.pt"
         torch.save({f"model.layers.{i}.weight": torch.randn(16) for i in range(100_000)}, p)
         files["100k tensors"] = p
+    if "spread" in only:
+        p = tmp / "spread.pt"
+        torch.save({f"model.layers.{i}.weight": torch.randn(32 * 1024) for i in range(1000)}, p)
+        files["1000 x 128 KB tensors"] = p
     if "2gb" in only:
         p = tmp / "big.pt"
         big = torch.zeros(int(big_gb * (1 << 30)), dtype=torch.uint8)
@@ -147,7 +152,7 @@ def make_files(tmp: Path, big_gb: float, only: set[str]) -> dict[str, Path]:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--big-gb", type=float, default=2.0)
-    ap.add_argument("--only", default="10k,100k,2gb")
+    ap.add_argument("--only", default="10k,100k,2gb,spread")
     ap.add_argument("--skip-torch-meta-over", type=float, default=1e18,
                     help="skip torch's meta load for files larger than this many bytes")
     args = ap.parse_args()
