@@ -127,14 +127,33 @@ class Jobs:
         self.busy += 1
         loop = asyncio.get_running_loop()
         # The thread hands back the worker to reuse (the same one or its replacement).
+        future = loop.run_in_executor(self._threads, self._run_safely, worker, job)
         try:
-            reply, worker = await loop.run_in_executor(self._threads, self._run, worker, job)
+            reply, worker = await asyncio.shield(future)
+        except asyncio.CancelledError:
+            # The caller went away (client disconnect); the job still finishes in its
+            # thread, and the worker must come back to the pool when it does.
+            future.add_done_callback(self._release)
+            raise
         finally:
             self.busy -= 1
         self._idle.put_nowait(worker)
         if isinstance(reply, CkptError):
             raise reply
         return reply
+
+    def _release(self, future: asyncio.Future[tuple[Outcome | CkptError, _Worker]]) -> None:
+        if not future.cancelled() and future.exception() is None:
+            self._idle.put_nowait(future.result()[1])
+
+    def _run_safely(self, worker: _Worker, job: Job) -> tuple[Outcome | CkptError, _Worker]:
+        try:
+            return self._run(worker, job)
+        except Exception as exc:  # a bug here must not lose a worker from the pool
+            log.exception("scan pool error")
+            why = f"{type(exc).__name__} in the scan pool"
+            return (Outcome(failure_report(job.info, Code.INTERNAL_ERROR, why, 0.0), Code.INTERNAL_ERROR),
+                    self._retire(worker, "INTERNAL_ERROR"))
 
     def _run(self, worker: _Worker, job: Job) -> tuple[Outcome | CkptError, _Worker]:
         _await_ready(worker)

@@ -110,3 +110,25 @@ def test_worker_recycled_after_max_scans(make_client) -> None:
     for _ in range(5):
         assert upload(client, benign_pickle(nonce())).json()["verdict"] == "safe"
     assert restarts(client, "recycled") == 2
+
+
+def test_cancelled_caller_does_not_leak_the_worker(tmp_path: Path) -> None:
+    """A request cancelled mid-scan (client gone) must give its worker back to the pool."""
+    async def run() -> None:
+        jobs = Jobs(1, WorkerLimits(memory_bytes=1 << 30, cpu_seconds=30, test_hooks=True),
+                    timeout_s=2)
+        await jobs.start()
+        try:
+            path = tmp_path / "ok.pkl"
+            path.write_bytes(pickle.dumps([1], protocol=2))
+            task = asyncio.create_task(jobs.scan(str(path), {"kind": "file"}, hook="sleep"))
+            await asyncio.sleep(0.5)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            outcome = await asyncio.wait_for(jobs.scan(str(path), {"kind": "file"}), 60)
+            assert outcome.report["verdict"] == "safe"
+        finally:
+            await jobs.close()
+
+    asyncio.run(run())
