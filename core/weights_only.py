@@ -573,13 +573,11 @@ class _Emulator:
         if cached is None:
             if not self.legacy:
                 location = self.decode_ascii(location)
-            if not isinstance(location, str) or not (
-                    location in ("cpu", "mps") or re.fullmatch(r"cuda(:[0-9]{1,3})?", location)):
-                raise self.fail("Unmodelled", f"not modelled: restoring storage location {location!r}")
-            if self.resolver is not None and not self.legacy:
+            if self.resolver is not None and not self.legacy:  # the record is read first
                 err = self.resolver.check(skey, nbytes)
                 if err is not None:
                     raise _Stop(TorchError(err.type, err.message, self.op_offset))
+            self.check_location(location)
             info = StorageInfo(skey, dtype, nbytes, resizable=self.legacy)
             if skey not in self.seen_keys:
                 self.seen_keys.add(skey)
@@ -595,6 +593,19 @@ class _Emulator:
             info = self.legacy_view(info, data[4])
         self.info[id(persid)] = info
         return persid
+
+    def check_location(self, location: Any) -> None:
+        """serialization.default_restore_location over the registered deserializers."""
+        if not isinstance(location, str):
+            raise self.fail("Unmodelled", f"not modelled: restoring storage location {location!r}")
+        if location == "cpu" or location == "mps" or re.fullmatch(r"cuda(:[0-9]{1,3})?", location):
+            return  # assumed present on the loading host (module docstring)
+        if (location.startswith(("mps", "meta")) or re.match(r"cuda(:|[0-9]+)", location)
+                or any(location == b or re.match(f"{b}(:|[0-9]+)", location)
+                       for b in ("privateuseone", "hpu", "xpu", "mtia"))):
+            raise self.fail("Unmodelled", f"not modelled: restoring storage location {location!r}")
+        raise self.fail("RuntimeError", "don't know how to restore data location of "
+                        f"torch.storage.UntypedStorage (tagged with {location})")
 
     def legacy_view(self, info: StorageInfo, view: Any) -> StorageInfo:
         if not (isinstance(view, tuple) and len(view) == 3 and all(

@@ -314,3 +314,7 @@ add("sparse:ok", pk(*call("torch._utils._rebuild_sparse_tensor",
                            *v2(pid(key="1", numel=2), size=(2,)), *call("torch.Size", ints((3,))),
                            "NEWFALSE", "TUPLE"])),
     {"data/0": F16, "data/1": b"\0" * 8})
+
+for loc in ("bogus", "", "cpu:0", "cudax", "CPU", "meta", "xla:0"):
+    add(f"location:{loc}", pk(*v2(pid(loc=loc))), {"data/0": F16})
+add("location:missing-record-first", pk(*v2(pid(loc="bogus"))))
