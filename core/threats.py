@@ -47,6 +47,7 @@ _BLOCKED_MODULES = frozenset({"sys", "os", "posix", "nt"})   # torch blocks befo
 _MAX_CALL_FINDINGS = 64      # per assess: a hostile pickle may hold millions of calls
 _MAX_NOTES_PER_CODE = 32
 _MAX_NESTED_DEPTH = 2
+_PICKLE_STARTS = frozenset(bytes([b]) for b in b"\x80(]}cN)IJKVX")   # PROTO or a protocol 0/1 start
 _MAX_PATH_DEPTH = 16
 _IMPORTERS = frozenset({"builtins.__import__", "importlib.import_module", "importlib.__import__",
                         "pkgutil.resolve_name", "pydoc.locate", "sys.modules.get",
@@ -328,8 +329,8 @@ class _Assessor:
         if self.depth >= _MAX_NESTED_DEPTH:
             return
         payload = _payload(call.args[0] if type(call.args) is tuple and call.args else None, 0)
-        if payload is None or payload[:2] == b"PK":
-            return
+        if payload is None or payload[:1] not in _PICKLE_STARTS:
+            return      # a zip or .npy (judged as a whole file elsewhere), or not a pickle
         limits = self.an.options.limits
         if len(payload) > limits.max_pickle_bytes:
             return
