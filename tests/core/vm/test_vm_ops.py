@@ -227,3 +227,23 @@ def test_python2_names_mapped_by_protocol() -> None:
     assert r.globals[0].module == "builtins" and r.protocol is None
     r = run_vm(asm(("PROTO", 3), g("__builtin__", "eval"), "STOP"))
     assert r.globals[0].module == "__builtin__"
+
+
+def test_gc_state_restored() -> None:
+    import gc
+
+    assert gc.isenabled()
+    run_vm(b"N.")
+    run_vm(b"\xff")                 # error path too
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        run_vm(b"N.")
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+
+
+def test_memoryview_and_bytearray_input() -> None:
+    assert run_vm(memoryview(b"xxK\x05."), start=2).root == 5
+    assert run_vm(bytearray(b"K\x05.")).root == 5  # type: ignore[arg-type]
