@@ -482,3 +482,46 @@ def test_random_calls_match_torch(tmp_path: Path) -> None:
             mismatches.append((prog, got.error, want))
     assert not mismatches, mismatches[:3]
     assert modelled > 400
+
+
+@pytest.mark.slow
+def test_mutated_torch_saves_match_torch(tmp_path: Path) -> None:
+    """Real torch.save pickles with 1-3 bytes flipped/deleted/inserted: same verdict and text."""
+    import random
+
+    rng = random.Random(99)
+    objs = [torch.nn.Linear(3, 2).state_dict(),
+            {"a": [torch.ones(2), (torch.zeros(3, dtype=torch.int64), 1.5)], "b": b"xy", "c": {1, 2}},
+            torch.nn.Parameter(torch.ones(2))]
+    bases = []
+    for k, obj in enumerate(objs):
+        path = tmp_path / f"base{k}.pt"
+        torch.save(obj, path)
+        bases.append(zip_records(path))
+    programs = []
+    for _ in range(600):
+        pkl, recs = rng.choice(bases)
+        buf = bytearray(pkl)
+        for _ in range(rng.choice([1, 1, 2, 3])):
+            pos, r = rng.randrange(len(buf)), rng.random()
+            if r < 0.6:
+                buf[pos] = rng.randrange(256)
+            elif r < 0.8:
+                del buf[pos]
+            else:
+                buf.insert(pos, rng.randrange(256))
+        programs.append((bytes(buf), recs))
+    jobs = [{"path": str(write_zip(tmp_path / f"m{n}.pt", p, r)), "mode": "load"}
+            for n, (p, r) in enumerate(programs)]
+    modelled, mismatches = 0, []
+    for (prog, recs), want in zip(programs, run_oracle(jobs, tmp_path), strict=True):
+        got = emulate(prog, resolver=Records(recs))
+        if got.error is not None and got.error.type == "Unmodelled":
+            continue
+        modelled += 1
+        same = got.loadable == want["ok"] and (want["ok"] or (
+            got.error is not None and (got.error.type, got.error.wrapped()) == (want["type"], want["msg"])))
+        if not same:
+            mismatches.append((prog, got.error, want))
+    assert not mismatches, mismatches[:3]
+    assert modelled > 550
