@@ -224,6 +224,10 @@ class _Want:
 class HttpSource:
     """Random access to a remote file with validated HTTP Range requests (see module doc)."""
 
+    # Every scattered read costs a request: the zip glue then reads only the local headers
+    # the offset arithmetic needs instead of all of them (core/formats/torch_zip.py).
+    random_access_cheap = False
+
     def __init__(self, url: str, *, headers: Mapping[str, str] | None = None,
                  guard: UrlGuard | None = None, limits: Limits = DEFAULT_LIMITS,
                  timeout: float = 30.0, retries: int = 3, backoff: float = 0.2,

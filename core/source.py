@@ -34,6 +34,9 @@ class ByteSource(Protocol):
 
     name: str
     stats: IoStats
+    # False when scattered small reads are expensive (HTTP): readers then skip optional
+    # scattered reads (e.g. every zip local header) and say so in the report.
+    random_access_cheap: bool
 
     @property
     def size(self) -> int: ...
@@ -102,6 +105,8 @@ def check_span(size: int, offset: int, nbytes: int) -> None:
 class BytesSource:
     """An in-memory source (tests, small uploads)."""
 
+    random_access_cheap = True
+
     def __init__(self, data: bytes | bytearray | memoryview, *, name: str = "<bytes>") -> None:
         self._data = bytes(data)
         self.name = name
@@ -123,6 +128,8 @@ class BytesSource:
 
 class FileSource:
     """A local file read with `os.pread`: no shared file position, safe across threads."""
+
+    random_access_cheap = True
 
     def __init__(self, path: str | os.PathLike[str], *, name: str | None = None) -> None:
         self.path = os.fspath(path)

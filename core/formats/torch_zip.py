@@ -87,6 +87,7 @@ def analyze_zip(source: ByteSource, directory: ZipDirectory, an: Analysis) -> No
         if e is not None]
     locals_ = read_local_headers(source, wanted)
     check_archive(directory, locals_, an)
+    an.extra["local_headers_checked"] = f"{len(locals_)} of {len(directory.entries)}"
 
     meta = _read_small_records(source, directory, [e for r in _META_RECORDS if (e := entry(r))])
     is_torchscript = f"{prefix}/constants.pkl" in directory.by_name  # exact, as torch lists it
