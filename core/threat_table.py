@@ -44,7 +44,9 @@ DANGEROUS_MODULES: dict[str, Rule] = {
         _xxsubinterpreters _interpreters _xxinterpchannels idlelib compileall py_compile
         pydoc multiprocessing concurrent _thread thread asyncio signal atexit
         numpy.f2py numpy.distutils numpy.testing torch.utils.cpp_extension torch.testing
-        torch.hub IPython"""),
+        torch.hub torch._inductor torch.utils.bottleneck IPython tkinter _tkinter _sitebuiltins
+        keras.layers.Lambda keras.src.layers.core.lambda_layer tensorflow.keras.layers.Lambda
+        pandas.core.computation"""),
     **_rules(_C, _DG, _IMPORT, "importlib imp zipimport pkgutil"),
     **_rules(_C, _DG, "calls native code", "ctypes _ctypes cffi numpy.ctypeslib"),
     **_rules(_C, _DG, "interpreter state (torch blocks sys)", "sys"),
@@ -53,13 +55,14 @@ DANGEROUS_MODULES: dict[str, Rule] = {
         pickletools torch.package"""),
     **_rules(_H, _DG, _FILES, """
         shutil tempfile fileinput filecmp zipfile tarfile dbm anydbm sqlite3 _sqlite3 mmap
-        fcntl termios tty pwd grp spwd resource logging.config logging.handlers glob
-        numpy.lib.npyio numpy.lib._npyio_impl"""),
+        fcntl termios tty pwd grp spwd resource logging.config logging.handlers glob linecache
+        numpy.lib.npyio numpy.lib._npyio_impl pandas.io tensorflow.io
+        tensorflow.python.ops.io_ops"""),
     **_rules(_H, _DG, _NET, """
         socket _socket ssl select selectors socketserver SocketServer http httplib
         urllib urllib2 urllib3 requests httpx aiohttp ftplib smtplib smtpd poplib imaplib
         nntplib telnetlib xmlrpc xmlrpclib SimpleXMLRPCServer BaseHTTPServer
-        SimpleHTTPServer CGIHTTPServer webbrowser torch.distributed.rpc"""),
+        SimpleHTTPServer CGIHTTPServer webbrowser wsgiref torch.distributed.rpc"""),
     **_rules(_H, _DG, _EXEC + " (platform probes spawn processes)", "platform"),
     **_rules(_H, _DG, _INTRO, "gc inspect threading _weakref"),
 }
@@ -80,7 +83,7 @@ DANGEROUS_NAMES: dict[str, Rule] = {
         torch.utils.collect_env.run torch.utils.collect_env.run_and_read_all
         torch.jit.CompilationUnit torch.jit._script.CompilationUnit
         logging.config.listen logging.config.fileConfig logging.config.dictConfig
-        code.interact cgitb.handler _osx_support._read_output pydoc.pipepager"""),
+        code.interact cgitb.handler _osx_support._read_output pydoc.pipepager pandas.eval"""),
     **_rules(_C, _DG, _IMPORT, """
         builtins.__import__ builtins.__loader__ builtins.__spec__ builtins.__builtins__
         pydoc.locate pydoc.importfile pydoc.safeimport"""),

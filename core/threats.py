@@ -136,7 +136,7 @@ def _judge(module: str, name: str) -> Threat:
             return Threat("dangerous", Severity.HIGH, Code.PICKLE_DANGEROUS_GLOBAL,
                           f"reaches the attribute {part!r} through a dotted name")
     parts = [p for p in module.split(".")] + names
-    for k in range(1, len(parts) + 1):
+    for k in range(len(parts), 0, -1):      # the most specific rule wins
         prefix = ".".join(parts[:k])
         rule = DANGEROUS_MODULES.get(prefix) or (DANGEROUS_NAMES.get(prefix) if k > 1 else None)
         if rule is not None:

@@ -46,6 +46,11 @@ from tests.pickle_asm import asm
     ("pydoc", "locate", Code.PICKLE_DANGEROUS_GLOBAL),
     ("platform", "popen", Code.PICKLE_DANGEROUS_GLOBAL),
     ("asyncio.subprocess", "create_subprocess_shell", Code.PICKLE_DANGEROUS_GLOBAL),
+    ("keras.layers", "Lambda", Code.PICKLE_DANGEROUS_GLOBAL),           # runs a stored lambda
+    ("_tkinter", "create", Code.PICKLE_DANGEROUS_GLOBAL),               # Tcl eval
+    ("pandas.io.pickle", "read_pickle", Code.PICKLE_NESTED_DESERIALIZER),   # longest rule wins
+    ("pandas.io.parsers", "read_csv", Code.PICKLE_DANGEROUS_GLOBAL),
+    ("linecache", "getline", Code.PICKLE_DANGEROUS_GLOBAL),
     ("torch", "Tensor.__reduce_ex__", Code.PICKLE_DANGEROUS_GLOBAL),   # dotted dunder
     ("pathlib", "Path.write_bytes", Code.PICKLE_DANGEROUS_GLOBAL),     # dotted attribute
 ])
@@ -77,6 +82,7 @@ def test_benign(module: str, name: str) -> None:
     ("numpy.dtypes", "Float32DType.mro"),          # benign module, dotted name: not benign
     ("torch.nn.modules.linear", "__version__"),
     ("builtins", "object"), ("codecs", "decode"),
+    ("pandas.core.frame", "DataFrame"), ("pandas._libs.internals", "_unpickle_block"),
 ])
 def test_unknown(module: str, name: str) -> None:
     assert classify_global(module, name).status == "unknown"
