@@ -590,7 +590,8 @@ def _call_children(path: _Path, call: Call) -> list[tuple[_Path, Any]]:
                 out += [((*path, _segment(k)), v) for k, v in part.items()]
     args = call.args
     if type(args) is tuple or type(args) is list:
-        if len(args) == 1 and call.func in _DICT_TYPES and type(args[0]) in (list, tuple):
+        if len(args) == 1 and type(call.func) is Global and call.func in _DICT_TYPES \
+                and type(args[0]) in (list, tuple):
             # OrderedDict([(k, v), ...]): the pairs are items
             for pair in args[0]:
                 if type(pair) in (list, tuple) and len(pair) == 2:
