@@ -180,3 +180,17 @@ def test_stack_global_operands_of_any_shape_are_described_safely() -> None:
                           (asm(("GLOBAL", "a", "b")), "<global a.b>"), (asm("NONE"), "None")]:
         r = run_vm(asm(("RAW", operand), ("BINUNICODE", "n"), "STACK_GLOBAL", "STOP"))
         assert r.complete and r.globals[-1].module == text and r.globals[-1].name == "n"
+
+
+def test_globals_after_the_point_where_torch_stops() -> None:
+    from core.opcodes import TORCH_ACCEPTED
+
+    # torch's weights-only unpickler refuses at the first FRAME/MEMOIZE/SHORT_BINBYTES;
+    # the VM reads on and still finds what follows.
+    body = asm(("SHORT_BINBYTES", b"x"), "MEMOIZE", "POP", ("GLOBAL", "os", "system"),
+               ("SHORT_BINUNICODE", "id"), "TUPLE1", "REDUCE", "STOP")
+    data = asm(("PROTO", 4), ("FRAME", len(body))) + body
+    r = run_vm(data)
+    assert r.complete and [(u.module, u.name) for u in r.globals] == [("os", "system")]
+    assert r.opcodes_used - TORCH_ACCEPTED == {"FRAME", "SHORT_BINBYTES", "MEMOIZE", "SHORT_BINUNICODE"}
+    assert r.calls[0].func == Global("os", "system")
