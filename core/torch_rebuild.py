@@ -57,6 +57,8 @@ _grad_fn _has_symbolic_sizes_strides _post_accumulate_grad_hooks _python_dispatc
 dtype grad grad_dtype grad_fn imag is_cpu is_cuda is_ipu is_leaf is_maia is_meta is_mkldnn is_mps is_mtia
 is_nested is_quantized is_sparse is_sparse_csr is_vulkan is_xla is_xpu itemsize layout mH mT name nbytes
 ndim output_nr real requires_grad retains_grad shape volatile""".split())
+_SPARSE_LAYOUTS = frozenset(("torch.sparse_coo", "torch.sparse_csr", "torch.sparse_csc", "torch.sparse_bsr",
+                             "torch.sparse_bsc"))
 _QDTYPES = frozenset(("qint8", "quint8", "qint32", "quint4x2", "quint2x4"))
 
 
@@ -478,17 +480,33 @@ def _rebuild_sparse_tensor(func: Global, args: tuple[Any, ...], so: StorageOf, o
     layout, data = args
     kind = layout.attrs.get("value") if isinstance(layout, Call) and layout.attrs.get(
         "type") == "torch.layout" else None
-    if kind == "torch.sparse_coo" and isinstance(data, tuple) and len(data) == 4:
-        indices, values, size, coalesced = data
+    if kind is None:
+        err = hash_error(layout, so)  # `layout in {torch.sparse_csr, ...}` hashes it
+        if err is not None:
+            raise Fail("TypeError", err)
+    if kind not in _SPARSE_LAYOUTS:
+        text = kind if kind is not None else str_value(layout, so)
+        if text is None:
+            raise unmodelled("the text of a sparse layout argument")
+        raise Fail("NotImplementedError", f"rebuilding sparse tensor for layout {text}")
+    if kind == "torch.sparse_coo" and isinstance(data, tuple) and len(data) in (3, 4):
+        indices, values, size = data[:3]
+        coalesced = data[3] if len(data) == 4 else None
         dims = _int_seq(size)
         if (_is_tensor(indices, frozenset(("int64",))) and _is_tensor(values) and dims is not None
-                and isinstance(coalesced, bool)):
+                and (coalesced is None or isinstance(coalesced, bool))):
             ishape, vshape = indices.attrs.get("shape"), values.attrs.get("shape")
             if (isinstance(ishape, tuple) and isinstance(vshape, tuple) and len(ishape) == 2
                     and len(vshape) >= 1 and vshape[0] == ishape[1]
                     and len(dims) == ishape[0] + len(vshape) - 1 and tuple(dims[ishape[0]:]) == vshape[1:]
                     and all(d >= 0 for d in dims)):
                 return _tensor("torch.Tensor", values.attrs.get("dtype"), dims, func, args, opcode, off)
+    if kind != "torch.sparse_coo" and isinstance(data, tuple) and len(data) == 4:
+        # torch.sparse_compressed_tensor(check_invariants=False) accepts any tensor shapes
+        # (measured); the invariants are only checked when the user enables them
+        dims = _int_seq(data[3])
+        if all(_is_tensor(x) for x in data[:3]) and dims is not None and all(d >= 0 for d in dims):
+            return _tensor("torch.Tensor", data[2].attrs.get("dtype"), dims, func, args, opcode, off)
     raise unmodelled("a sparse tensor of this layout/shape")
 
 

@@ -49,7 +49,7 @@ class Records:
 
 
 # Cases where the emulator is allowed to answer "Unmodelled" (never "loadable")
-UNMODELLED = {"save:sparse-csr", "location:meta"}
+UNMODELLED = {"location:meta"}
 
 
 class _MyT(MyTensor):  # a subclass nobody allowlists (defined in a test module)

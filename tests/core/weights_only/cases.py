@@ -318,3 +318,13 @@ add("sparse:ok", pk(*call("torch._utils._rebuild_sparse_tensor",
 for loc in ("bogus", "", "cpu:0", "cudax", "CPU", "meta", "xla:0"):
     add(f"location:{loc}", pk(*v2(pid(loc=loc))), {"data/0": F16})
 add("location:missing-record-first", pk(*v2(pid(loc="bogus"))))
+
+add("sparse:strided", pk(*call("torch._utils._rebuild_sparse_tensor",
+                               call("torch.serialization._get_layout", s("torch.strided")), ["EMPTY_TUPLE"])))
+add("sparse:str-layout", pk(*call("torch._utils._rebuild_sparse_tensor", s("torch.sparse_coo"),
+                                  ["EMPTY_TUPLE"])))
+add("sparse:list-layout", pk(*call("torch._utils._rebuild_sparse_tensor", ["EMPTY_LIST"], ["EMPTY_TUPLE"])))
+add("sparse:csr-odd", pk(*call("torch._utils._rebuild_sparse_tensor",
+                               call("torch.serialization._get_layout", s("torch.sparse_csr")),
+                               ["MARK", *v2(pid(numel=4)), *v2(pid(numel=4), size=(2,)),
+                                *v2(pid(numel=4), size=(3,)), *ints((2, 5)), "TUPLE"])), {"data/0": F16})
