@@ -208,11 +208,18 @@ class _Assessor:
 
     # -- globals -----------------------------------------------------------------------------
     def judge_use(self, use: GlobalUse) -> tuple[GlobalStatus, Threat | None, str, str]:
-        """(status, threat, module, name) — module/name as torch's unpickler names them."""
+        """(status, threat, module, name) — module/name as torch's unpickler names them.
+
+        benign/unknown is torch's reading; CPython's reading and the raw bytes can only
+        escalate to dangerous (a raw `__builtin__.int` is not "unknown" for that)."""
         tm, tn = torch_map(use.raw_module, use.raw_name)
-        threats = [classify_global(tm, tn), classify_global(use.module, use.name),
-                   classify_global(use.raw_module, use.raw_name)]
-        worst = max(threats, key=lambda t: _RANK[t.status])
+        worst = classify_global(tm, tn)
+        if worst.status != "dangerous":
+            for other in (classify_global(use.module, use.name),
+                          classify_global(use.raw_module, use.raw_name)):
+                if other.status == "dangerous":
+                    worst = other
+                    break
         if worst.status == "dangerous":
             return "dangerous", worst, tm, tn
         if f"{tm}.{tn}" in self.allowed and tm not in _BLOCKED_MODULES:
@@ -268,8 +275,15 @@ class _Assessor:
                       f"{call.opcode} calls extension code {func.code}: the callable is "
                       "whatever copyreg's registry holds at load time")
         elif type(func) is PersId:
-            self.flag(f"persid:{func.offset}", call, Severity.HIGH,
-                      f"{call.opcode} calls an object returned by persistent_load")
+            target = _module_pid_class(func)
+            if target is None:
+                self.flag(f"persid:{func.offset}", call, Severity.HIGH,
+                          f"{call.opcode} calls an object returned by persistent_load")
+            else:   # legacy torch.save(model): ('module', cls, file, source) -> cls
+                threat = classify_global(target.module, target.name)
+                if threat.status == "dangerous":
+                    self.flag(f"call:{target.full}", call, threat.severity,
+                              f"{call.opcode} calls {target.full} through a 'module' persistent id")
         for state in call.state:
             self.check_state(call, state)
 
@@ -337,6 +351,15 @@ class _Assessor:
         record = f"{self.record or ''}@{call.offset}:nested"
         inner = run_vm(payload, base_offset=0, limits=limits)
         _Assessor(self.an, self.allow, record, self.depth + 1).run(inner)
+
+
+def _module_pid_class(persid: PersId) -> Global | None:
+    """The class a legacy ('module', cls, source_file, source) persistent id resolves to."""
+    pid = persid.pid
+    if type(pid) is tuple and len(pid) >= 2 and pid[0] in ("module", b"module") \
+            and type(pid[1]) is Global:
+        return pid[1]
+    return None
 
 
 def _payload(value: Any, level: int) -> bytes | None:

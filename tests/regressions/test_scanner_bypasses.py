@@ -305,3 +305,12 @@ def test_protocol_5_frame_exec(judge: Any) -> None:
         "STACK_GLOBAL", ("SHORT_BINUNICODE", "x=1"), "TUPLE1", "REDUCE", "STOP")
     _, verdict = judge(data)
     assert verdict == "unsafe"
+
+
+def test_legacy_module_persistent_id_hides_callable(judge: Any) -> None:
+    """Legacy persistent_load returns pid[1] for ('module', cls, file, src): call it."""
+    data = asm(("PROTO", 2), "MARK", ("BINUNICODE", "module"), ("GLOBAL", "os", "system"), "NONE",
+               "NONE", "TUPLE", "BINPERSID", ("BINUNICODE", "id"), "TUPLE1", "REDUCE", "STOP")
+    an, verdict = judge(data)
+    assert verdict == "unsafe"
+    assert "os.system through a 'module' persistent id" in messages(an, Code.PICKLE_DANGEROUS_CALL)
