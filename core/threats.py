@@ -46,6 +46,7 @@ _RANK = {"benign": 0, "unknown": 1, "dangerous": 2}
 _BLOCKED_MODULES = frozenset({"sys", "os", "posix", "nt"})   # torch blocks before the allowlist
 _MAX_CALL_FINDINGS = 64      # per assess: a hostile pickle may hold millions of calls
 _MAX_NOTES_PER_CODE = 32
+_MAX_GLOBAL_FINDINGS = 256   # per code and assess; every global still gets its `globals` entry
 _MAX_NESTED_DEPTH = 2
 _PICKLE_STARTS = frozenset(bytes([b]) for b in b"\x80(]}cN)IJKVX")   # PROTO or a protocol 0/1 start
 _MAX_PATH_DEPTH = 16
@@ -183,6 +184,7 @@ class _Assessor:
         self.record = record
         self.depth = depth
         self.call_findings = 0
+        self.global_findings: dict[Code, int] = {}
         self.seen_calls: set[str] = set()
 
     def run(self, vm: VmResult) -> None:
@@ -246,6 +248,13 @@ class _Assessor:
         spelled = f" (written {raw!r})" if raw != shown else ""
         what = {"dangerous": "dangerous global", "benign": "commonly benign global outside the "
                 "weights-only allowlist", "unknown": "global outside the weights-only allowlist"}
+        n = self.global_findings[threat.code] = self.global_findings.get(threat.code, 0) + 1
+        if n > _MAX_GLOBAL_FINDINGS:
+            if n == _MAX_GLOBAL_FINDINGS + 1:
+                self.an.add(threat.code, f"more globals like the above (only the first "
+                            f"{_MAX_GLOBAL_FINDINGS} are listed; all are in `globals`)",
+                            record=self.record, offset=use.offset, severity=threat.severity)
+            return
         self.an.add(threat.code, f"{what[threat.status]} {shown}{spelled}: {threat.reason}"[:500],
                     record=self.record, offset=use.offset, severity=threat.severity)
 

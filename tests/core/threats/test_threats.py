@@ -208,6 +208,15 @@ def test_call_findings_are_capped(assess_pickle: Any) -> None:
     assert sum(f.code == Code.PICKLE_DANGEROUS_GLOBAL for f in an.findings) == 1
 
 
+def test_global_findings_are_capped(assess_pickle: Any) -> None:
+    items: list[Any] = [("PROTO", 2), "EMPTY_LIST", "MARK"]
+    items += [("GLOBAL", f"pkg{i}", "Cls") for i in range(300)]
+    an = assess_pickle(asm(*items, "APPENDS", "STOP"))
+    unknown = [f for f in an.findings if f.code == Code.PICKLE_UNKNOWN_GLOBAL]
+    assert len(unknown) == 257 and "only the first 256" in unknown[-1].message
+    assert len(an.globals) == 300
+
+
 def test_vm_notes_become_findings_capped(assess_pickle: Any) -> None:
     items: list[Any] = [("PROTO", 2), "EMPTY_LIST", "MARK"]
     items += [("EXT1", 1)] * 100
