@@ -27,6 +27,7 @@ from app.worker import Hook, Job, WorkerLimits, main
 from core import __version__
 from core.errors import CkptError, Code
 from core.report import Finding, Report, SourceInfo
+from core.urlguard import UrlGuard
 
 log = logging.getLogger("ckptguard.jobs")
 
@@ -116,9 +117,21 @@ class Jobs:
     async def scan(self, path: str, info: dict[str, Any], *, allow: frozenset[str] = frozenset(),
                    hook: Hook | None = None) -> Outcome:
         """Scan the file at `path` in a worker. Raises CkptError if core could not read it."""
+        return await self._submit(Job(path=path, info=info, allow=allow, hook=hook))
+
+    async def scan_url(self, url: str, headers: dict[str, str] | None, guard: UrlGuard,
+                       allow: frozenset[str] = frozenset()) -> dict[str, Any]:
+        """POST /scan/url's entry (app/routes/remote.py): a URL scan in the sandbox.
+
+        Raises SourceError (refused URL, bad upstream) as core does; returns the report JSON.
+        """
+        job = Job(path="", info={"kind": "url", "url": url}, allow=allow, url=url,
+                  headers=dict(headers) if headers else None, guard=guard)
+        return (await self._submit(job)).report
+
+    async def _submit(self, job: Job) -> Outcome:
         if self._closed:
             raise RuntimeError("the scan pool is closed")
-        job = Job(path=path, info=info, allow=allow, hook=hook)
         self.queue_depth += 1
         try:
             worker = await self._idle.get()

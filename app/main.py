@@ -18,6 +18,7 @@ from fastapi import FastAPI
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app import logs, problems
+from app.deps import AuthDep
 from app.jobs import Jobs
 from app.metrics import Metrics
 from app.pipeline import ScanService
@@ -86,12 +87,17 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         metrics.watch_pool(lambda: jobs.queue_depth, lambda: jobs.busy)
         app.state.store, app.state.jobs = store, jobs
         app.state.scans = ScanService(settings, store, jobs, metrics)
+        from app.hub_jobs import HubRunner  # the model-hub webhook's durable jobs (app/README_HUB.md)
+
+        app.state.hub = HubRunner(settings, store)
+        await app.state.hub.start()
         log.info("started", extra={"event": "start", "version": __version__,
                                    "database": store.engine.url.render_as_string(hide_password=True),
                                    "workers": settings.workers})
         try:
             yield
         finally:
+            await app.state.hub.close()
             await jobs.close()
             await asyncio.to_thread(store.close)
 
@@ -107,7 +113,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     if importlib.util.find_spec("app.routes.remote") is not None:
         from app.routes import remote  # POST /scan/url (the remote-loading engineer's router)
 
-        app.include_router(remote.router)
+        app.include_router(remote.router, dependencies=[AuthDep])
+    from app.routes import hub  # POST /webhooks/huggingface, GET /hub/... (app/routes/hub.py)
+
+    app.include_router(hub.router)
     return app
 
 

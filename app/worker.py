@@ -24,10 +24,13 @@ Hook = Literal["sleep", "oom", "crash", "cpu"]
 
 @dataclass(frozen=True, slots=True)
 class Job:
-    path: str
+    path: str                             # a local file, or "" with `url`
     info: dict[str, Any]                  # core.report.SourceInfo fields
     allow: frozenset[str] = frozenset()
     hook: Hook | None = None              # tests only; ignored unless the pool allows hooks
+    url: str | None = None                # scan over HTTP Range requests (core.loader.scan_url)
+    headers: dict[str, str] | None = None
+    guard: Any = None                     # core.urlguard.UrlGuard (pickles; checks every hop)
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,9 +79,14 @@ def _scan(job: Job, limits: WorkerLimits) -> Reply:
 
     if job.hook is not None and limits.test_hooks:
         _run_hook(job.hook, limits)
+    options = ScanOptions(allow=job.allow)
     try:
-        report = scan_path(job.path, options=ScanOptions(allow=job.allow),
-                           info=SourceInfo(**job.info))
+        if job.url is not None:
+            from core.loader import scan_url
+
+            report = scan_url(job.url, headers=job.headers, guard=job.guard, options=options)
+        else:
+            report = scan_path(job.path, options=options, info=SourceInfo(**job.info))
     except CkptError as exc:
         return ("error", exc, False)
     # After a MemoryError the heap may be fragmented: let the pool replace this worker.

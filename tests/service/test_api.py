@@ -47,9 +47,10 @@ def test_malformed_is_200_invalid(client) -> None:
 
 
 def test_filename_is_metadata_only(client, tmp_path: Path) -> None:
-    r = upload(client, benign_pickle(nonce()), name="../../../../tmp/evil.pkl")
-    assert r.json()["source"]["name"] == "evil.pkl"
-    assert not Path("/tmp/evil.pkl").exists()
+    target = f"ckptguard-{nonce()}.pkl"
+    r = upload(client, benign_pickle(nonce()), name=f"../../../../tmp/{target}")
+    assert r.json()["source"]["name"] == target
+    assert not (Path("/tmp") / target).exists()
     assert list((tmp_path / "data" / "uploads").iterdir()) == []   # temp file removed
 
 

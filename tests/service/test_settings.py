@@ -14,11 +14,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def documented() -> set[str]:
-    # The lead merges app/README_SECTION.md into README.md; accept either home.
-    text = (ROOT / "app" / "README_SECTION.md").read_text()
-    readme = ROOT / "README.md"
-    if readme.exists() and "CKPTGUARD_WORKER_MEMORY_MB" in readme.read_text():
-        text = readme.read_text()
+    # The lead merges app/README_*.md drafts into README.md; accept any of them.
+    homes = [ROOT / "README.md", *sorted((ROOT / "app").glob("README_*.md"))]
+    text = "\n".join(p.read_text() for p in homes if p.exists())
     return set(re.findall(r"^\| `(CKPTGUARD_[A-Z_]+)` \|", text, flags=re.M))
 
 
