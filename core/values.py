@@ -88,39 +88,3 @@ class Unhashable:
     """Wraps a value used as a dict key or set member that Python cannot hash (a list)."""
 
     value: Any
-
-
-def walk(root: Any, *, max_nodes: int = 50_000_000) -> list[tuple[tuple[str | int, ...], Any]]:
-    """Every (path, value) pair reachable from `root`, depth first, each node once.
-
-    Paths follow the report contract: dict keys as they are, list/tuple indices as ints.
-    Cycles (possible via the memo) are visited once.
-    """
-    out: list[tuple[tuple[str | int, ...], Any]] = []
-    seen: set[int] = set()
-    stack: list[tuple[tuple[str | int, ...], Any]] = [((), root)]
-    while stack and len(out) < max_nodes:
-        path, value = stack.pop()
-        if isinstance(value, (list, tuple, dict, set, frozenset, Call)):
-            if id(value) in seen:
-                continue
-            seen.add(id(value))
-        out.append((path, value))
-        children: list[tuple[tuple[str | int, ...], Any]] = []
-        if isinstance(value, dict):
-            children = [((*path, _key(k)), v) for k, v in value.items()]
-        elif isinstance(value, (list, tuple)):
-            children = [((*path, i), v) for i, v in enumerate(value)]
-        elif isinstance(value, Call):
-            children = [((*path, _key(k)), v) for k, v in value.setitems]
-            children += [((*path, i), v) for i, v in enumerate(value.appends)]
-        stack.extend(reversed(children))
-    return out
-
-
-def _key(k: Any) -> str | int:
-    if isinstance(k, (str, int)) and not isinstance(k, bool):
-        return k
-    if isinstance(k, bytes):
-        return k.decode("latin-1")
-    return repr(k)
