@@ -64,7 +64,15 @@ def analyze(source: ByteSource, an: Analysis) -> None:
     an.format = "torch-legacy"
     an.add(Code.TORCH_LEGACY_FORMAT, "legacy pickled-stream checkpoint (no zip container)",
            offset=0)
-    _Stream(source, an).run()
+    stream = _Stream(source, an)
+    # After the failed tarfile.open, torch looks for a zip magic where tarfile stopped reading.
+    stop = torch_tar.tar_fail_offset(head, source.size)
+    if stop + 4 <= source.size and source.read_at(stop, 4) == b"PK\x03\x04":
+        stream.fail(TorchError("RuntimeError", f"{source.name} is a zip archive (did you mean to "
+                               "use torch.jit.load()?)", stop))
+        an.add(Code.TORCH_BAD_LEGACY_STREAM, f"a zip local header at offset {stop}, where torch "
+               "looks after its tar attempt: torch.load refuses the file", offset=stop)
+    stream.run()
 
 
 @dataclass(slots=True)

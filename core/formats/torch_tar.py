@@ -62,30 +62,36 @@ def is_tar(head: bytes) -> bool:
     GNU long-name and pax headers need a valid header after their data. `head` must
     hold `tar_bytes_needed(head)` bytes (or the whole file) for an exact answer.
     """
-    answer = _probe(head)
-    return answer is True
+    return _probe(head)[0] is True
 
 
 def tar_bytes_needed(head: bytes) -> int:
     """How many leading bytes `is_tar` must see (more than `len(head)` for header chains)."""
-    answer = _probe(head)
+    answer = _probe(head)[0]
     return answer if type(answer) is int else len(head)
 
 
-def _probe(head: bytes) -> bool | int:
+def tar_fail_offset(head: bytes, size: int) -> int:
+    """Where a failed `tarfile.open` leaves the file position: just after the header block it
+    could not parse. torch then checks for a zip magic THERE (serialization.py _legacy_load)."""
+    return min(size, _probe(head)[1] + BLOCK)
+
+
+def _probe(head: bytes) -> tuple[bool | int, int]:
+    """(True/False, or the byte count still needed; position of the last header read)."""
     pos = 0
     for depth in range(_MAX_CHAIN):
         if len(head) < pos + BLOCK:
-            return pos + BLOCK if depth else False
+            return (pos + BLOCK if depth else False), pos
         block = head[pos:pos + BLOCK]
         if block.count(0) == BLOCK:
-            return depth == 0        # at offset 0: empty archive; later: SubsequentHeaderError
+            return depth == 0, pos   # at offset 0: empty archive; later: SubsequentHeaderError
         if not _valid_block(block):
-            return False
+            return False, pos
         if block[156:157] not in _CHAINED:
-            return True
+            return True, pos
         pos += BLOCK + -(-max(0, _nti(block[124:136])) // BLOCK) * BLOCK
-    return False
+    return False, pos
 
 
 def _valid_block(block: bytes) -> bool:

@@ -284,3 +284,27 @@ def test_handmade_streams_match_torch(case: str, write: Any) -> None:
     if case == "wrapping_count":
         assert report.weights_only.loadable and report.verdict == "suspicious"
         assert Code.TORCH_RECORD_SIZE_MISMATCH in codes(report)
+
+
+@pytest.mark.torch
+def test_zip_magic_where_tar_attempt_stops(write: Any) -> None:
+    """torch checks for `PK\\x03\\x04` at offset 512 after the failed tar attempt."""
+    import pickle
+
+    from tests.core.legacy.conftest import torch_outcome
+
+    def build(n: int) -> bytes:
+        text = "A" * n + "PK\x03\x04" + "B" * 10
+        return stream(pickle.dumps({}, protocol=2), [], [],
+                      sys_info=asm(("PROTO", 2), ("BINUNICODE", text), "STOP"))
+
+    data = build(400 + 512 - build(400).index(b"PK\x03\x04"))
+    assert data.index(b"PK\x03\x04") == 512
+    path = write(data)
+    report = scan_path(path)
+    ok, etype, message = torch_outcome(path)
+    assert not ok and not report.weights_only.loadable
+    assert report.weights_only.error_type == etype == "RuntimeError"
+    assert message.endswith(report.weights_only.error or "-")
+    moved = write(build(401))        # one byte later: torch loads it
+    assert torch_outcome(moved)[0] and scan_path(moved).weights_only.loadable
