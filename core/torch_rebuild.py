@@ -6,6 +6,16 @@ real callee would and returns an inert `Call` node typed with the class torch wo
 produce (`attrs["type"]`). Errors are reproduced word for word where they were
 measured against torch 2.13 (tests/differential); any argument shape not measured
 raises `Fail` with type "Unmodelled" — never a guessed "loadable".
+
+Modelled (tests/differential): `_rebuild_tensor`/`_v2`/`_v3` (arity, storage type, set_
+checks: size/stride lengths, offset, negative stride, empty stride = contiguous, bounds
+on a non-resizable storage, requires_grad, metadata), `_rebuild_parameter[_with_state]`,
+`_rebuild_qtensor` (per-tensor / per-channel affine), `_rebuild_sparse_tensor`,
+`_rebuild_meta_tensor_no_storage`, `_rebuild_from_type_v2` (plain Tensor with attributes,
+user-allowlisted subclasses), OrderedDict/Counter/set/complex/bytearray/_codecs.encode/
+torch.Size/torch.device/_get_layout, calling a dtype/qscheme/StorageType. Unmodelled:
+nested, wrapper-subclass and device-copy rebuilders, legacy Tensor constructors
+(torch.FloatTensor(...), NEWOBJ of Tensor/Parameter), odd argument types.
 """
 
 from __future__ import annotations
