@@ -45,8 +45,30 @@ class Settings(BaseSettings):
         description="comma-separated extra allowlisted globals (like add_safe_globals); in the cache key")
     log_level: str = Field(default="INFO", description="root log level; logs are JSON lines on stderr")
     test_hooks: bool = Field(default=False, description="tests only: honour the X-Ckptguard-Test-Hook header")
+    # --- model-hub webhook (app/hub*.py, app/README_HUB.md) ---
+    hub_endpoint: str = Field(default="https://huggingface.co",
+                              description="model hub base URL (like HF_ENDPOINT)")
+    hub_token: str | None = Field(default=None,
+                                  description="hub token for private repos (sent to the hub only)")
+    webhook_secret: str | None = Field(
+        default=None, description="the hub webhook's secret (X-Webhook-Secret); unset = webhook off (503)")
+    notify_url: str | None = Field(default=None, description="POST each finished revision summary here")
+    notify_secret: str | None = Field(default=None,
+                                      description="HMAC-SHA256 key for the notification signature")
+    notify_retries: int = Field(default=3, ge=0, le=20, description="extra notification attempts")
+    hub_scan_attempts: int = Field(default=3, ge=1, le=20, description="tries per file (and tree listing)")
+    hub_retry_backoff_seconds: float = Field(default=2.0, ge=0,
+                                             description="first retry delay, doubled each time")
+    hub_lease_seconds: float = Field(default=60.0, gt=0,
+                                     description="a running hub job not renewed for this long is resumed")
+    hub_concurrency: int = Field(default=2, ge=1, le=64, description="files of a revision scanned at once")
+    hub_max_files: int = Field(default=10000, ge=1, description="files listed per revision, at most")
+    url_allow_private: bool = Field(default=False,
+                                    description="URL scans may reach private addresses (app/ssrf.py)")
+    url_allowlist: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, description="comma-separated CIDRs/hosts URL scans may reach though private")
 
-    @field_validator("api_keys", "allow_globals", mode="before")
+    @field_validator("api_keys", "allow_globals", "url_allowlist", mode="before")
     @classmethod
     def _split_commas(cls, value: object) -> object:
         if isinstance(value, str):

@@ -1,0 +1,93 @@
+"""Hub routes: POST /webhooks/huggingface, revision summaries, reconcile.
+
+The webhook authenticates with the hub's secret (app/hub.py); the other routes with
+the service's API keys like every other route. Work is queued, never done here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import JSONResponse
+
+from app.deps import AuthDep
+from app.hub import Target, accept, check_secret, parse_event, repo_type_of, summary, valid_repo
+from app.hub_jobs import HubRunner
+from app.problems import AppError
+from core.errors import SourceError
+
+router = APIRouter(tags=["hub"])
+
+
+def _runner(request: Request) -> HubRunner:
+    runner = getattr(request.app.state, "hub", None)
+    if not isinstance(runner, HubRunner):
+        raise AppError("UNAVAILABLE", 503, "the hub job runner is not running")
+    return runner
+
+
+async def _queue_new(runner: HubRunner, accepted: list[dict[str, Any]]) -> None:
+    for item in accepted:
+        if item["new_job"]:
+            await runner.queue.enqueue(item["job_id"])
+
+
+@router.post("/webhooks/huggingface", status_code=202)
+async def webhook(request: Request, secret: Annotated[str | None, Query(max_length=512)] = None,
+                  ) -> JSONResponse:
+    check_secret(request.app.state.settings.webhook_secret,
+                 request.headers.get("x-webhook-secret") or secret)
+    try:
+        payload = json.loads(await request.body())
+    except ValueError as exc:
+        raise AppError("BAD_WEBHOOK", 400, "the body is not JSON") from exc
+    targets, ignored = parse_event(payload)
+    if ignored is not None:
+        return JSONResponse({"status": "ignored", "reason": ignored}, status_code=200)
+    runner = _runner(request)
+    accepted = await asyncio.to_thread(accept, runner.db, targets)
+    await _queue_new(runner, accepted)
+    return JSONResponse({"status": "queued", "revisions": accepted}, status_code=202)
+
+
+def _repo(namespace: str, name: str) -> str:
+    repo = valid_repo(f"{namespace}/{name}")
+    if repo is None:
+        raise AppError("BAD_REPO", 404, "not a valid repository name")
+    return repo
+
+
+@router.get("/hub/{repo_type}/{namespace}/{name}/revisions/{sha}", dependencies=[AuthDep])
+async def revision(repo_type: str, namespace: str, name: str, sha: str, request: Request) -> JSONResponse:
+    runner = _runner(request)
+    job = await asyncio.to_thread(runner.db.find_job, repo_type_of(repo_type), _repo(namespace, name),
+                                  sha.lower())
+    doc = None if job is None else await asyncio.to_thread(summary, runner.db, job.id)
+    if doc is None:
+        raise AppError("REVISION_NOT_FOUND", 404, "no scan job for this revision")
+    return JSONResponse(doc)
+
+
+@router.post("/hub/{repo_type}/{namespace}/{name}/reconcile", status_code=202, dependencies=[AuthDep])
+async def reconcile(repo_type: str, namespace: str, name: str, request: Request,
+                    revision: Annotated[str, Query(min_length=1, max_length=240,
+                                                   pattern=r"^[A-Za-z0-9._/-]+$")] = "main",
+                    ) -> JSONResponse:
+    """Ask the hub where `revision` (a branch, tag or PR ref) points now and queue that commit.
+
+    For lost webhook deliveries: safe to call at any time, a scanned commit is not rescanned.
+    """
+    runner = _runner(request)
+    kind, repo = repo_type_of(repo_type), _repo(namespace, name)
+    try:
+        sha = await asyncio.to_thread(runner.client.head_sha, kind, repo, revision)
+    except SourceError as exc:
+        raise AppError(str(exc.code), 502, exc.message) from exc
+    ref = revision if revision.startswith("refs/") else f"refs/heads/{revision}"
+    accepted = await asyncio.to_thread(accept, runner.db, [Target(kind, repo, ref, sha)])
+    await _queue_new(runner, accepted)
+    return JSONResponse({"status": "queued", "revisions": accepted}, status_code=202)
+
