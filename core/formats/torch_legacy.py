@@ -114,11 +114,13 @@ class _Stream:
                 an.add(Code.TORCH_BAD_LEGACY_STREAM, f"the {what} pickle does not end", offset=pos)
                 break
             pos = end
-        main = scans[3] if len(scans) > 3 else None
-        if len(scans) == 5 and main is not None:
-            blocks = _blocks(main)
-            keys = self.key_list(scans[4], blocks)
-            sites = self.locate(keys, blocks, pos) if keys is not None else {}
+        if len(scans) > 3:   # the manifest even when the key list or the blocks are broken
+            main = scans[3]
+            sites: dict[str, StorageSite] = {}
+            if len(scans) == 5:
+                blocks = _blocks(main)
+                keys = self.key_list(scans[4], blocks)
+                sites = self.locate(keys, blocks, pos) if keys is not None else {}
             build_manifest(main.root, _Locator(sites), an)
         self.finish()
 
