@@ -295,3 +295,42 @@ def test_scan_manifest_matches_torch(torch_corpus: dict[str, Case], case_id: str
 def test_corpus_is_large_and_distinct(torch_corpus: dict[str, Case]) -> None:
     assert len(torch_corpus) >= 150
     assert len({c.path.read_bytes() for c in torch_corpus.values()}) == len(torch_corpus)
+
+
+# ---- large files (tests.fixtures.generate.write_many / write_large) ---------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("n", [10_000, 100_000])
+def test_many_tiny_tensors(tmp_path: Path, n: int) -> None:
+    from tests.fixtures.generate import write_many
+    path = write_many(tmp_path / f"many-{n}.pt", n)
+    report = scan_path(path)
+    assert len(report.tensors) == n and len(report.storages) == n
+    graph = zip_manifest(path)
+    assert [(t.name, t.data_offset, t.nbytes) for t in graph.tensors] == [
+        (t.name, t.data_offset, t.nbytes) for t in report.tensors]
+    loaded = torch.load(path, mmap=True)
+    blob = path.read_bytes()
+    for t in report.tensors[:: max(1, n // 500)]:
+        assert t.data_offset is not None
+        assert blob[t.data_offset:t.data_offset + t.nbytes] == _raw(loaded[t.name]), t.name
+
+
+@pytest.mark.slow
+def test_large_file_offsets(tmp_path: Path) -> None:
+    """2 GiB in 100 uint8 tensors (sparse file): every data_offset points at its tensor's head."""
+    from tests.fixtures.generate import write_large
+    path = write_large(tmp_path / "large.pt", total_bytes=2 << 30, n=100)
+    report = scan_path(path)
+    assert len(report.tensors) == 100
+    loaded = torch.load(path, mmap=True)
+    with open(path, "rb") as fh:
+        for t in report.tensors:
+            x = loaded[t.name]
+            assert t.nbytes == x.numel() and t.shape == list(x.shape)
+            assert t.data_offset is not None
+            fh.seek(t.data_offset)
+            assert fh.read(16) == bytes(x[:16].numpy().tobytes()), t.name
+            fh.seek(t.data_offset + t.nbytes - 8)
+            assert fh.read(8) == bytes(x[-8:].numpy().tobytes()), t.name
