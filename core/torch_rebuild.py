@@ -547,6 +547,8 @@ def _ordered_dict(func: Global, args: tuple[Any, ...], so: StorageOf, opcode: st
     if args == ():
         return _simple(tname)(func, args, so, opcode, off)
     if len(args) == 1:
+        if args[0] is None and tname == "collections.Counter":  # Counter.update(None) is a no-op
+            return _simple(tname)(func, args, so, opcode, off)
         _iterable_arg(args[0], so)
         if isinstance(args[0], dict) or (isinstance(args[0], (list, tuple)) and not args[0]):
             return _simple(tname)(func, args, so, opcode, off)

@@ -328,3 +328,5 @@ add("sparse:csr-odd", pk(*call("torch._utils._rebuild_sparse_tensor",
                                call("torch.serialization._get_layout", s("torch.sparse_csr")),
                                ["MARK", *v2(pid(numel=4)), *v2(pid(numel=4), size=(2,)),
                                 *v2(pid(numel=4), size=(3,)), *ints((2, 5)), "TUPLE"])), {"data/0": F16})
+add("counter:none", pk(*call("collections.Counter", ["NONE"])))
+add("od:none", pk(*call("collections.OrderedDict", ["NONE"])))
