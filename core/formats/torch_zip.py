@@ -25,7 +25,7 @@ from core.source import ByteSource
 from core.tensors import StorageSite, build_manifest
 from core.values import Global, PersId
 from core.weights_only import TorchError
-from core.zipcheck import check_archive
+from core.zipcheck import check_archive, verify_crcs
 from core.zipdir import LocalHeader, ZipDirectory, ZipEntry, read_local_headers, read_record
 
 _MINIZ_HINT = (". This is an internal miniz error. If you are seeing this error, there is a high "
@@ -85,8 +85,13 @@ def analyze_zip(source: ByteSource, directory: ZipDirectory, an: Analysis) -> No
     wanted: list[ZipEntry] = list(directory.entries) if cheap else [
         e for e in (entry("data.pkl"), entry("data/0"), *(entry(r) for r in _META_RECORDS))
         if e is not None]
-    locals_ = read_local_headers(source, wanted)
+    header_errors: list[CkptError] = []
+    locals_ = read_local_headers(source, wanted, errors=header_errors)
+    for exc in header_errors:
+        an.add(exc.code, exc.message, record=exc.record, offset=exc.offset)
     check_archive(directory, locals_, an)
+    if an.options.verify_crc:
+        verify_crcs(source, directory, an)
     an.extra["local_headers_checked"] = f"{len(locals_)} of {len(directory.entries)}"
 
     meta = _read_small_records(source, directory, [e for r in _META_RECORDS if (e := entry(r))])
@@ -235,7 +240,8 @@ def _storage_sites(source: ByteSource, directory: ZipDirectory, prefix: str,
         align = _parse_int(meta.get(".storage_alignment", b"64")) or 64
         if first_local is not None:
             try:
-                chain = chain_storage_offsets(prefix, first_local.data_offset, storages, align)
+                chain = chain_storage_offsets(prefix, first_local.data_offset, storages, align,
+                                              first_header_offset=first_local.offset)
             except CkptError as exc:
                 an.add(exc.code, exc.message, record=exc.record, offset=exc.offset)
             else:
