@@ -308,3 +308,15 @@ def test_zip_magic_where_tar_attempt_stops(write: Any) -> None:
     assert message.endswith(report.weights_only.error or "-")
     moved = write(build(401))        # one byte later: torch loads it
     assert torch_outcome(moved)[0] and scan_path(moved).weights_only.loadable
+
+
+def test_pickle_hidden_after_last_block(write: Any) -> None:
+    evil = asm(("PROTO", 2), ("GLOBAL", "os", "system"), ("BINUNICODE", "true"), "TUPLE1", "REDUCE",
+               "STOP")
+    main = _one_storage_main()
+    path = write(stream(main, ["7"], [(2, b"\0" * 8)], tail=evil))
+    report = scan_path(path)
+    found = {f.code for f in report.findings}
+    assert {Code.PICKLE_TRAILING_DATA, Code.PICKLE_SECOND_PICKLE, Code.PICKLE_DANGEROUS_CALL} <= found
+    assert report.verdict == "unsafe" and report.weights_only.loadable   # torch ignores the tail
+    assert_same_outcome(report, path)
