@@ -27,6 +27,7 @@ from core.analysis import Analysis
 from core.errors import Code, Severity
 from core.names import python_map, torch_map
 from core.report import GlobalStatus
+from core.threat_graph import module_pid_class, payload, preview, resolve_path
 from core.threat_table import (
     BENIGN_MODULES,
     BENIGN_NAMES,
@@ -49,13 +50,6 @@ _MAX_NOTES_PER_CODE = 32
 _MAX_GLOBAL_FINDINGS = 256   # per code and assess; every global still gets its `globals` entry
 _MAX_NESTED_DEPTH = 2
 _PICKLE_STARTS = frozenset(bytes([b]) for b in b"\x80(]}cN)IJKVX")   # PROTO or a protocol 0/1 start
-_MAX_PATH_DEPTH = 16
-_IMPORTERS = frozenset({"builtins.__import__", "importlib.import_module", "importlib.__import__",
-                        "pkgutil.resolve_name", "pydoc.locate", "sys.modules.get",
-                        "operator.getitem", "_operator.getitem"})
-_GETATTRS = frozenset({"builtins.getattr", "inspect.getattr_static"})
-_ATTRGETTERS = frozenset({"operator.attrgetter", "_operator.attrgetter",
-                          "operator.methodcaller", "_operator.methodcaller"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -266,25 +260,25 @@ class _Assessor:
             if threat is None:
                 threat = judged[id(func)] = classify_global(func.module, func.name)
             if threat.status == "dangerous":
-                shown = f"{func.full}({_preview(call.args)}){self.detail(call)}"
+                shown = f"{func.full}({preview(call.args)}){self.detail(call)}"
                 self.flag(f"call:{shown}", call, threat.severity, f"{call.opcode} calls {shown}")
                 if threat.code is Code.PICKLE_NESTED_DESERIALIZER:
                     self.nested(call)
             self.scan_args(call, func.full)
         elif type(func) is Call:
-            path = _path(func, 0)
+            path = resolve_path(func)
             severity = Severity.CRITICAL if path and classify_path(path).status == "dangerous" \
                 else Severity.HIGH
-            shown = path or _preview(func)
+            shown = path or preview(func)
             self.flag(f"computed:{shown}", call, severity,
                       f"{call.opcode} calls a callable computed by another call: {shown}"
-                      f"({_preview(call.args)})")
+                      f"({preview(call.args)})")
         elif type(func) is ExtRef:
             self.flag(f"ext:{func.code}", call, Severity.HIGH,
                       f"{call.opcode} calls extension code {func.code}: the callable is "
                       "whatever copyreg's registry holds at load time")
         elif type(func) is PersId:
-            target = _module_pid_class(func)
+            target = module_pid_class(func)
             if target is None:
                 self.flag(f"persid:{func.offset}", call, Severity.HIGH,
                           f"{call.opcode} calls an object returned by persistent_load")
@@ -298,7 +292,7 @@ class _Assessor:
 
     def detail(self, call: Call) -> str:
         """A resolved target for getattr/attrgetter/import calls, e.g. ' -> os.system'."""
-        path = _path(call, 0)
+        path = resolve_path(call)
         return f" -> {path}" if path else ""
 
     def scan_args(self, call: Call, func_name: str) -> None:
@@ -333,7 +327,7 @@ class _Assessor:
                 if type(key) is str and key in DANGEROUS_DUNDERS and key != "__dict__":
                     self.flag(f"state:{call.offset}:{key}", call, Severity.CRITICAL,
                               f"BUILD sets {key} on an object: a later BUILD or call runs "
-                              f"{_preview(d[key])}")
+                              f"{preview(d[key])}")
 
     def flag(self, key: str, call: Call, severity: Severity, message: str) -> None:
         if key in self.seen_calls:
@@ -351,103 +345,12 @@ class _Assessor:
         """Interpret an inline nested pickle (`pickle.loads(b'...')`) and judge it as well."""
         if self.depth >= _MAX_NESTED_DEPTH:
             return
-        payload = _payload(call.args[0] if type(call.args) is tuple and call.args else None, 0)
-        if payload is None or payload[:1] not in _PICKLE_STARTS:
+        data = payload(call.args[0] if type(call.args) is tuple and call.args else None, 0)
+        if data is None or data[:1] not in _PICKLE_STARTS:
             return      # a zip or .npy (judged as a whole file elsewhere), or not a pickle
         limits = self.an.options.limits
-        if len(payload) > limits.max_pickle_bytes:
+        if len(data) > limits.max_pickle_bytes:
             return
         record = f"{self.record or ''}@{call.offset}:nested"
-        inner = run_vm(payload, base_offset=0, limits=limits)
+        inner = run_vm(data, base_offset=0, limits=limits)
         _Assessor(self.an, self.allow, record, self.depth + 1).run(inner)
-
-
-def _module_pid_class(persid: PersId) -> Global | None:
-    """The class a legacy ('module', cls, source_file, source) persistent id resolves to."""
-    pid = persid.pid
-    if type(pid) is tuple and len(pid) >= 2 and pid[0] in ("module", b"module") \
-            and type(pid[1]) is Global:
-        return pid[1]
-    return None
-
-
-def _payload(value: Any, level: int) -> bytes | None:
-    """Bytes a nested loads would read: a literal, `_codecs.encode(s, 'latin1')`, BytesIO(...)."""
-    t = type(value)
-    if t is bytes or t is bytearray:
-        return bytes(value)
-    if t is str:
-        return str(value).encode("latin-1", "ignore")
-    if t is Call and level < 4 and type(value.args) is tuple and value.args:
-        name = value.func_name
-        if name in ("_codecs.encode", "codecs.encode") and type(value.args[0]) is str:
-            return str(value.args[0]).encode("latin-1", "ignore")
-        if name in ("io.BytesIO", "_io.BytesIO", "builtins.bytes", "builtins.bytearray"):
-            return _payload(value.args[0], level + 1)
-    return None
-
-
-def _path(value: Any, level: int) -> str | None:
-    """The dotted path a value resolves to statically: Global, getattr/import/attrgetter chains."""
-    if level > _MAX_PATH_DEPTH:
-        return None
-    t = type(value)
-    if t is Global:
-        return str(value.full)
-    if t is not Call:
-        return None
-    args = value.args if type(value.args) is tuple else ()
-    func = value.func
-    if type(func) is Global:
-        name = func.full
-        if name in _GETATTRS and len(args) >= 2 and type(args[1]) is str:
-            base = _path(args[0], level + 1)
-            return f"{base or '?'}.{args[1]}"
-        if name in _IMPORTERS and args and type(args[-1]) is str:
-            if len(args) >= 2 and name.endswith("getitem"):
-                base = _path(args[0], level + 1)
-                return f"{base or '?'}.{args[1]}"
-            return str(args[0]) if type(args[0]) is str else None
-        return None
-    if type(func) is Call and func.func_name in _ATTRGETTERS:
-        fargs = func.args if type(func.args) is tuple else ()
-        if fargs and type(fargs[0]) is str and args:
-            base = _path(args[0], level + 1)
-            return f"{base or '?'}.{fargs[0]}"
-    return None
-
-
-def _preview(value: Any, budget: int = 80) -> str:
-    """A short, bounded rendering of call arguments (cycles and huge values are safe)."""
-    out: list[str] = []
-    _render(value, out, 0)
-    text = "".join(out)
-    return text if len(text) <= budget else text[: budget - 3] + "..."
-
-
-def _render(value: Any, out: list[str], level: int) -> None:
-    if sum(map(len, out)) > 120:
-        return
-    t = type(value)
-    if t is tuple or t is list:
-        if level > 2:
-            out.append("...")
-            return
-        inner = value[:4]
-        for i, v in enumerate(inner):
-            if i:
-                out.append(", ")
-            _render(v, out, level + 1)
-        if len(value) > 4:
-            out.append(", ...")
-    elif t is str or t is bytes:
-        out.append(repr(value[:60]))
-    elif t is Global:
-        out.append(value.full)
-    elif t is Call:
-        path = _path(value, 0)
-        out.append(path if path else f"{value.func_name or '<call>'}(...)")
-    elif t in (int, float, bool) or value is None:
-        out.append(repr(value)[:40])
-    else:
-        out.append(f"<{t.__name__}>")
