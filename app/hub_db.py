@@ -99,6 +99,14 @@ class HubDb:
             ).values(lease_until=time.time() + lease_s))
         return done.rowcount == 1
 
+    def release(self, owner: str) -> int:
+        """A stopping runner hands its jobs back (queued) instead of waiting out the lease."""
+        with self.engine.begin() as conn:
+            done = conn.execute(hub_jobs.update().where(
+                hub_jobs.c.lease_owner == owner, hub_jobs.c.state == "running",
+            ).values(state="queued", lease_owner=None, lease_until=None, updated_at=_now()))
+        return int(done.rowcount)
+
     def runnable(self) -> list[tuple[str, float]]:
         """Jobs someone should run: (id, when) for queued ones and expired leases."""
         now = time.time()

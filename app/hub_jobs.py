@@ -139,6 +139,9 @@ class HubRunner:
 
     async def close(self) -> None:
         await self.queue.close()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.to_thread(self.db.release, self.owner)
         await asyncio.to_thread(self.client.close)
 
     async def _sweep(self) -> list[tuple[str, float]]:

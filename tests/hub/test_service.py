@@ -1,0 +1,221 @@
+"""The webhook through the whole service (TestClient, real runner, fake hub on 127.0.0.1)."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from fastapi.testclient import TestClient
+
+from app.notify import SIGNATURE_HEADER, verify
+from app.tables import hub_jobs
+from tests.hub.checkpoints import EXPECTED_A, REPO, REV_A, REV_B
+from tests.hub.conftest import SECRET, by_path, deliver, payload, wait_done
+from tests.hub.fakehub import FakeHub, blob_path
+
+MakeClient = Callable[..., TestClient]
+
+
+def test_revision_verdicts_and_reports(make_client: MakeClient, hub: FakeHub) -> None:
+    client = make_client()
+    r = deliver(client, payload(REV_A, ref="refs/pr/3"))
+    assert r.status_code == 202, r.text
+    [item] = r.json()["revisions"]
+    assert item["revision"] == REV_A and item["new_job"] and not item["duplicate"]
+    doc = wait_done(client, REV_A)
+    assert doc["state"] == "done" and doc["verdict"] == "unsafe" and doc["ref"] == "refs/pr/3"
+    files = by_path(doc)
+    assert {p: (f["state"], f["verdict"]) for p, f in files.items()} == EXPECTED_A
+    for f in files.values():
+        if f["state"] == "done":
+            report = client.get(f"/scans/{f['report_id']}").json()
+            assert report["verdict"] == f["verdict"] and report["source"]["kind"] == "hub"
+            assert report["source"]["name"] == f["path"] and report["source"]["sha256"] == f["lfs_sha256"]
+    assert files["x.txt"]["report_id"] is None                 # too small: never fetched
+    assert files["README.md"]["error"].startswith("not a checkpoint")
+    assert not any(e.path == blob_path(b"hi\n") for e in hub.storage.log)
+
+
+def test_secret_is_required(make_client: MakeClient) -> None:
+    client = make_client()
+    assert deliver(client, payload(REV_A), secret=None).status_code == 401
+    assert deliver(client, payload(REV_A), secret="wrong").status_code == 403
+    r = client.post(f"/webhooks/huggingface?secret={SECRET}", json=payload(REV_A))
+    assert r.status_code == 202
+    assert deliver(client, {"event": {"scope": "discussion", "action": "create"},
+                            "repo": {"type": "model", "name": REPO}}).json()["status"] == "ignored"
+    assert client.post("/webhooks/huggingface", content=b"{not json",
+                       headers={"X-Webhook-Secret": SECRET}).status_code == 400
+
+
+def test_webhook_off_without_a_secret(make_client: MakeClient) -> None:
+    client = make_client(webhook_secret=None)
+    assert deliver(client, payload(REV_A)).status_code == 503
+
+
+def test_duplicate_delivery_scans_once(make_client: MakeClient, hub: FakeHub, files_a: dict[str, bytes]) -> None:
+    client = make_client()
+    first = deliver(client, payload(REV_A)).json()["revisions"][0]
+    wait_done(client, REV_A)
+    gets = hub.storage.requests
+    again = deliver(client, payload(REV_A)).json()["revisions"][0]
+    assert again["duplicate"] and not again["new_job"] and again["job_id"] == first["job_id"]
+    other_ref = deliver(client, payload(REV_A, ref="refs/tags/v1")).json()["revisions"][0]
+    assert not other_ref["duplicate"] and not other_ref["new_job"] and other_ref["job_id"] == first["job_id"]
+    assert wait_done(client, REV_A)["state"] == "done" and hub.storage.requests == gets
+    with sa.create_engine(client.app.state.settings.resolved_database_url).connect() as conn:  # type: ignore[attr-defined]
+        assert conn.execute(sa.select(sa.func.count()).select_from(hub_jobs)).scalar() == 1
+
+
+def test_same_content_reuses_the_report(make_client: MakeClient, hub: FakeHub,
+                                        files_a: dict[str, bytes], files_b: dict[str, bytes]) -> None:
+    client = make_client()
+    deliver(client, payload(REV_A))
+    a = by_path(wait_done(client, REV_A))
+    before = {p: hub.storage_gets(d) for p, d in files_b.items()}
+    deliver(client, payload(REV_B))
+    doc = wait_done(client, REV_B)
+    assert doc["state"] == "done" and doc["verdict"] == "safe"
+    b = by_path(doc)
+    for path in ("legacy.bin", "weights/model.safetensors", "stats.npy"):   # same LFS sha256
+        assert b[path]["report_id"] == a[path]["report_id"]
+        assert hub.storage_gets(files_b[path]) == before[path]
+    assert b["pytorch_model.bin"]["report_id"] != a["pytorch_model.bin"]["report_id"]
+    assert hub.storage_gets(files_b["pytorch_model.bin"]) > before["pytorch_model.bin"]
+
+
+def test_storage_failing_once_is_retried(make_client: MakeClient, hub: FakeHub,
+                                         files_a: dict[str, bytes]) -> None:
+    hub.storage.set_fault("status", times=1, status=403)   # not transient for HttpSource: our retry
+    hub.storage.fault_paths = {blob_path(files_a["evil.pt"])}
+    client = make_client()
+    deliver(client, payload(REV_A))
+    evil = by_path(wait_done(client, REV_A))["evil.pt"]
+    assert evil["state"] == "done" and evil["verdict"] == "unsafe" and evil["attempts"] == 1
+    assert evil["error"] is None
+
+
+def test_persistent_failure_is_recorded(make_client: MakeClient, hub: FakeHub,
+                                        files_b: dict[str, bytes]) -> None:
+    hub.storage.set_fault("status", status=404)
+    hub.storage.fault_paths = {blob_path(files_b["pytorch_model.bin"])}
+    client = make_client(hub_scan_attempts=2)
+    deliver(client, payload(REV_B))
+    doc = wait_done(client, REV_B)
+    bad = by_path(doc)["pytorch_model.bin"]
+    assert bad["state"] == "failed" and bad["attempts"] == 2 and "404" in bad["error"]
+    assert doc["state"] == "failed" and doc["verdict"] == "invalid"   # never "safe" with a gap
+    assert "1 file(s)" in doc["error"]
+
+
+def test_unknown_revision_fails_the_job(make_client: MakeClient) -> None:
+    client = make_client(hub_scan_attempts=2)
+    deliver(client, payload("e5" * 20))
+    doc = wait_done(client, "e5" * 20)
+    assert doc["state"] == "failed" and "404" in doc["error"] and doc["files"] == []
+
+
+def test_dataset_repository(make_client: MakeClient) -> None:
+    client = make_client()
+    assert deliver(client, payload(REV_A, kind="dataset")).status_code == 202
+    doc = wait_done(client, REV_A, kind="datasets")
+    assert doc["repo_type"] == "dataset" and by_path(doc)["data/shard.bin"]["verdict"] == "unsafe"
+
+
+def test_reconcile_polls_the_head(make_client: MakeClient) -> None:
+    client = make_client()
+    r = client.post(f"/hub/models/{REPO}/reconcile?revision=main")
+    assert r.status_code == 202 and r.json()["revisions"][0]["revision"] == REV_B
+    assert wait_done(client, REV_B)["state"] == "done"
+    again = client.post(f"/hub/models/{REPO}/reconcile").json()["revisions"][0]
+    assert again["duplicate"] and not again["new_job"]
+    assert client.post(f"/hub/models/{REPO}/reconcile?revision=nope").status_code == 502
+    assert client.post(f"/hub/spaces/{REPO}/reconcile").status_code == 404
+
+
+def test_lookups_and_auth(make_client: MakeClient) -> None:
+    client = make_client(api_keys=["k" * 16])
+    assert client.get(f"/hub/models/{REPO}/revisions/{REV_A}").status_code == 401
+    auth = {"Authorization": "Bearer " + "k" * 16}
+    assert client.get(f"/hub/models/{REPO}/revisions/{REV_A}", headers=auth).status_code == 404
+    assert client.get(f"/hub/x/{REPO}/revisions/{REV_A}", headers=auth).status_code == 404
+    assert deliver(client, payload(REV_A)).status_code == 202     # the webhook uses its own secret
+
+
+def test_restart_resumes_unfinished_work(make_client: MakeClient, hub: FakeHub,
+                                         files_a: dict[str, bytes]) -> None:
+    slow = blob_path(files_a["pytorch_model.bin"])
+    hub.storage.set_fault("stall", times=1, stall_seconds=3.0)
+    hub.storage.fault_paths = {slow}
+    first = make_client(hub_concurrency=1)
+    deliver(first, payload(REV_A))
+    while not any(e.path == slow for e in hub.storage.log):
+        threading.Event().wait(0.05)
+    first.__exit__(None, None, None)                       # stop mid-job
+    doc = first.app.state.hub.db  # type: ignore[attr-defined]
+    job = doc.find_job("model", REPO, REV_A)
+    assert job.state == "queued"                           # handed back, not left to the lease
+    done_before = {f.path: f.report_id for f in doc.files(job.id) if f.state == "done"}
+    second = make_client()
+    final = by_path(wait_done(second, REV_A))
+    assert {p: (f["state"], f["verdict"]) for p, f in final.items()} == EXPECTED_A
+    for path, report_id in done_before.items():            # finished files are not scanned again
+        assert final[path]["report_id"] == report_id
+
+
+class Receiver:
+    """An HTTP endpoint for notifications: fails the first `fail` POSTs with 500."""
+
+    def __init__(self, fail: int) -> None:
+        self.fail = fail
+        self.bodies: list[tuple[bytes, dict[str, str]]] = []
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                receiver.bodies.append((body, dict(self.headers)))
+                status = 500 if len(receiver.bodies) <= receiver.fail else 204
+                self.send_response(status)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.httpd.server_address[1]}/hook"
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    r = Receiver(fail=1)
+    yield r
+    r.httpd.shutdown()
+
+
+def test_signed_notification_with_retry(make_client: MakeClient, receiver: Receiver) -> None:
+    client = make_client(notify_url=receiver.url, notify_secret="n0tify")
+    deliver(client, payload(REV_A))
+    wait_done(client, REV_A)
+    for _ in range(100):
+        doc = client.get(f"/hub/models/{REPO}/revisions/{REV_A}").json()
+        if doc["notification"] != "pending":
+            break
+        threading.Event().wait(0.1)
+    assert doc["notification"] == "sent" and len(receiver.bodies) == 2
+    body, headers = receiver.bodies[-1]
+    assert verify("n0tify", body, headers[SIGNATURE_HEADER])
+    assert not verify("other", body, headers[SIGNATURE_HEADER])
+    sent = json.loads(body)
+    assert sent["revision"] == REV_A and sent["verdict"] == "unsafe" and sent["state"] == "done"
+    assert len(sent["files"]) == len(EXPECTED_A)
