@@ -1,16 +1,17 @@
 """Threat analysis of one interpreted pickle: every global judged, dangerous calls found.
 
 Strategy: the weights-only allowlist alone decides `allowed` (torch_map'ed name, as torch
-reads it); everything else is judged by the knowledge base (core.threat_table) under
-every name a reader could resolve — torch's mapping, CPython's fix_imports mapping and
-the raw bytes, plus whitespace-stripped, NFKC and confusable-folded forms — and the
-worst verdict wins, so a name that differs between readers cannot slip through. The
+reads it); everything else is judged by the knowledge base (core.threat_table): benign or
+unknown as torch names it, and dangerous if ANY reading is — CPython's fix_imports mapping,
+the raw bytes, whitespace-stripped, NFKC and confusable-folded forms — so a name that
+differs between readers (or between a reader and a human) cannot slip through. The
 call graph (`VmResult.calls`) is then searched for what a global list cannot show:
 a dangerous callable actually called, a callable computed by another call (the
 `getattr(__import__('os'), 'system')` family), `attrgetter`/`methodcaller` gadgets,
 dangerous globals handed to allowlisted rebuilders, BUILD states that plant
 `__setstate__`, and EXT-code or persistent-id callables. A nested deserializer's inline
-payload (`pickle.loads(b"...")`) is interpreted and assessed too.
+payload (`pickle.loads(b"...")`) is interpreted and assessed too (core.threat_graph reads
+the call graph statically).
 
     >>> classify_global("posix", "system").status
     'dangerous'
