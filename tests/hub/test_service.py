@@ -58,7 +58,7 @@ def test_webhook_off_without_a_secret(make_client: MakeClient) -> None:
     assert deliver(client, payload(REV_A)).status_code == 503
 
 
-def test_duplicate_delivery_scans_once(make_client: MakeClient, hub: FakeHub, files_a: dict[str, bytes]) -> None:
+def test_duplicate_delivery_scans_once(make_client: MakeClient, hub: FakeHub) -> None:
     client = make_client()
     first = deliver(client, payload(REV_A)).json()["revisions"][0]
     wait_done(client, REV_A)
