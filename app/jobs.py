@@ -173,8 +173,12 @@ class Jobs:
         started = time.perf_counter()
         try:
             worker.conn.send(job)
-            ready = worker.conn.poll(self.timeout_s)
-            message = worker.conn.recv() if ready else None
+            message = None
+            while ready := worker.conn.poll(max(0.0, self.timeout_s - (time.perf_counter() - started))):
+                message = worker.conn.recv()
+                if message[0] != "ready":   # a start-up notice that came late: skip it
+                    break
+                message = None
         except (EOFError, OSError):
             message, ready = None, True
         elapsed = time.perf_counter() - started

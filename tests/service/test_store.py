@@ -10,9 +10,11 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
+from alembic.config import Config
 from alembic.migration import MigrationContext
+from alembic.script import ScriptDirectory
 
-from app.store import Store, decode_cursor, encode_cursor, policy_key
+from app.store import MIGRATIONS, Store, decode_cursor, encode_cursor, policy_key
 from app.tables import metadata
 
 PG_URL = os.environ.get("CKPTGUARD_TEST_POSTGRES_URL")
@@ -51,7 +53,9 @@ def test_migrations_match_the_tables(url: str) -> None:
             diff = compare_metadata(MigrationContext.configure(conn), metadata)
             version = conn.execute(sa.text("SELECT version_num FROM alembic_version")).scalar()
         assert diff == []
-        assert version == "0001"
+        cfg = Config()
+        cfg.set_main_option("script_location", str(MIGRATIONS))
+        assert version == ScriptDirectory.from_config(cfg).get_current_head()
     finally:
         store.close()
 
