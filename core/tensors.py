@@ -35,7 +35,15 @@ storage), storage. A wrapper kind (parameter, subclass) replaces only `tensor`.
 Offsets: `data_offset` = storage data_offset + storage_offset x itemsize (plus the byte
 offset of a legacy storage view); `nbytes` = itemsize x (1 + sum((size_i - 1) x stride_i)),
 0 when numel is 0 (FORMATS.md §2.6). The first pid of a key defines the storage, as in
-torch's `persistent_load` cache; a later pid that disagrees is a finding.
+torch's `persistent_load` cache; a later pid that disagrees is a finding. A key the
+locator cannot place gets `data_offset` None: the container layer, which knows its
+records, reports TORCH_MISSING_RECORD. `_rebuild_device_tensor_from_cpu_tensor` is listed
+as its cpu tensor (dtype and bytes as stored), with the wrapper's requires_grad.
+
+Speed: a 100k-tensor state_dict (distinct storages) takes ~0.3 s of CPU on a loaded
+2-core box, ~0.2 s of it building the 200k report records (bench/manifest_bench.py); a
+plain `_rebuild_tensor_v2` takes an inlined path (`fast_v2`), property-tested equal to the
+general one (tests/core/tensors).
 """
 
 from __future__ import annotations
@@ -104,17 +112,10 @@ class _Bad(Exception):
     """Malformed rebuild arguments (becomes a TORCH_BAD_TENSOR_ARGS finding)."""
 
 
-@dataclass(slots=True)
-class _Storage:
-    key: str
-    dtype: str
-    itemsize: int
-    numel: int
-    nbytes: int
-    location: str
-    data_offset: int | None
-    limit: int                 # bytes a view may reach: min(declared, record size)
-    pid: tuple[Any, ...]
+# A resolved storage: (entry, itemsize, limit, storage class). `limit` is the bytes a view
+# may reach: min(declared, record size). A plain tuple: one per storage, 100k of them in a
+# big state_dict, and a tuple costs a tenth of a dataclass to build (bench/manifest_bench.py).
+_Storage = tuple[StorageEntry, int, int, Any]
 
 
 def build_manifest(root: Any, locator: StorageLocator, an: Analysis, *,
@@ -264,7 +265,7 @@ class _Builder:
                 st = self.new_storage(p, p[1], p[2], p[3], p[4], pid)
             except _Bad:
                 return False
-        elif (st.pid[1] is not p[1] and st.pid[1] != p[1]) or st.pid[4] != p[4]:
+        elif (st[3] is not p[1] and st[3] != p[1]) or st[0].numel != p[4]:
             return False
         numel = span = 1
         for size, st_ in zip(shape, stride):  # noqa: B905 (lengths checked above)
@@ -272,22 +273,22 @@ class _Builder:
                 return False
             numel *= size
             span += (size - 1) * st_
-        dtype = st.dtype
+        entry, itemsize, limit, _ = st
+        dtype = entry.dtype
         if (rg and dtype not in _FLOATING) or dtype in _PACKED:
             return False
-        itemsize = st.itemsize
         nbytes = span * itemsize if numel else 0
         start = offset * itemsize
-        if numel and start + nbytes > st.limit:
+        if numel and start + nbytes > limit:
             return False
         self.count += 1
         if self.count > self.max_tensors:
             raise LimitExceeded(Code.LIMIT_TENSORS, f"more than {self.max_tensors} tensors",
                                 record=self.record)
-        base = st.data_offset
+        base = entry.data_offset
         name = path[0] if len(path) == 1 and type(path[0]) is str else ".".join(map(str, path))
         self.append(TensorEntry(
-            name, list(path), dtype, list(shape), list(stride), offset, st.key,  # type: ignore[arg-type]
+            name, list(path), dtype, list(shape), list(stride), offset, entry.key,  # type: ignore[arg-type]
             "tensor", rg, None if base is None else base + start, nbytes, self.record))
         return True
 
@@ -300,7 +301,6 @@ class _Builder:
     def _tensor(self, path: _Path, call: Call, push: Any) -> None:
         wrapper_kind: str | None = None
         requires_grad: bool | None = None
-        location: str | None = None
         attrs: list[Any] = []
         node = call
         for _ in range(_MAX_WRAPPERS):
@@ -328,7 +328,7 @@ class _Builder:
                 args = _args(node, 4, 4)
                 if requires_grad is None:
                     requires_grad = _bool(args[3], "requires_grad")
-                location = location or (args[2] if type(args[2]) is str else repr(args[2]))
+                # the device (xla, maia, ...) is where torch moves it; the bytes are the cpu tensor's
                 node = args[0]
             else:
                 break
@@ -375,7 +375,7 @@ class _Builder:
             if type(pid) is not PersId:
                 raise _Bad(f"storage argument is {type(pid).__name__}, not a persistent id")
             storage, view_byte, view_limit = self.storage(pid, node)
-            dtype = _dtype_of(args[6]) if name == "_rebuild_tensor_v3" else storage.dtype
+            dtype = _dtype_of(args[6]) if name == "_rebuild_tensor_v3" else storage[0].dtype
             offset = args[1]
             if type(offset) is not int:
                 raise _Bad(f"storage_offset is {type(offset).__name__}, not int")
@@ -455,17 +455,17 @@ class _Builder:
                 start = view_byte + offset // pack
             if numel and start + nbytes > view_limit:
                 self.an.add(Code.TORCH_TENSOR_OUT_OF_BOUNDS,
-                            f"{name}: bytes [{start}, {start + nbytes}) of storage {storage.key} "
+                            f"{name}: bytes [{start}, {start + nbytes}) of storage {storage[0].key} "
                             f"pass its {view_limit} bytes", record=self.record,
                             offset=node.offset if node.offset >= 0 else None)
-            if storage.data_offset is not None:
-                data_offset = storage.data_offset + start
+            if storage[0].data_offset is not None:
+                data_offset = storage[0].data_offset + start
         if rg and dtype not in _FLOATING:
             self.bad(f"{name}: only tensors of floating point dtype can require gradients "
                      f"(dtype {dtype})", node)
         self.an.tensors.append(TensorEntry(
             name, list(path), dtype, shape, stride, offset,
-            storage.key if storage is not None else None, kind, rg, data_offset, nbytes,
+            storage[0].key if storage is not None else None, kind, rg, data_offset, nbytes,
             self.record))
 
     # --- storages ----------------------------------------------------------------------
@@ -484,19 +484,19 @@ class _Builder:
         st = self.storages.get(key)
         if st is None:
             st = self.new_storage(pid, stype, key, location, numel, persid)
-        elif st.pid[1] != stype or st.pid[4] != numel:
+        elif st[3] != stype or st[0].numel != numel:
             self.bad(f"storage {key} declared again as {stype!r} x {numel!r}; torch keeps the first "
-                     f"({st.dtype} x {st.numel})", node)
+                     f"({st[0].dtype} x {st[0].numel})", node)
         if len(pid) == 6 and pid[5] is not None:
             view = pid[5]
             if type(view) is not tuple or len(view) != 3 or type(view[1]) is not int \
                     or type(view[2]) is not int or view[1] < 0 or view[2] < 0:
                 raise _Bad(f"storage view metadata {view!r} is not (key, offset, size)"[:200])
-            start, end = view[1] * st.itemsize, (view[1] + view[2]) * st.itemsize
-            if end > st.limit:
-                raise _Bad(f"storage view [{start}, {end}) passes storage {key}'s {st.limit} bytes")
+            start, end = view[1] * st[1], (view[1] + view[2]) * st[1]
+            if end > st[2]:
+                raise _Bad(f"storage view [{start}, {end}) passes storage {key}'s {st[2]} bytes")
             return st, start, end
-        return st, 0, st.limit
+        return st, 0, st[2]
 
     def new_storage(self, pid: tuple[Any, ...], stype: Any, key: str, location: Any, numel: Any,
                     persid: PersId) -> _Storage:
@@ -511,8 +511,8 @@ class _Builder:
         nbytes = numel * itemsize
         site = self.locator.locate(key)
         if site is None:
-            st = _Storage(key, dtype, itemsize, numel, nbytes, location, None, nbytes, pid[:5])
             entry = StorageEntry(key, dtype, numel, nbytes, location, None, None, False)
+            st = (entry, itemsize, nbytes, stype)
         else:
             record_nbytes = site.record_nbytes
             limit = nbytes
@@ -523,10 +523,9 @@ class _Builder:
                             f"for storage {key}", record=site.record or self.record,
                             offset=site.data_offset)
                 limit = min(limit, record_nbytes)
-            st = _Storage(key, dtype, itemsize, numel, nbytes, location, site.data_offset, limit,
-                          pid if len(pid) == 5 else pid[:5])
             entry = StorageEntry(key, dtype, numel, nbytes, location, site.record, site.data_offset,
                                  site.verified)
+            st = (entry, itemsize, limit, stype)
         self.storages[key] = st
         self.an.storages.append(entry)
         return st
@@ -552,8 +551,8 @@ class _Builder:
         except _Bad as exc:
             self.bad(f"{'.'.join(map(str, path)) or '<root>'}: {exc}", node)
             return
-        numel = (end - start) // st.itemsize
-        self.emit(path, node, "storage", st.dtype, [numel], [1], start // st.itemsize, st, 0, end,
+        numel = (end - start) // st[1]
+        self.emit(path, node, "storage", st[0].dtype, [numel], [1], start // st[1], st, 0, end,
                   False)
 
     def rebuilt_by_build(self, call: Call, name: str, shape: list[int], stride: list[int],
