@@ -26,6 +26,7 @@ from app.problems import problem
 from app.routes import health, scan, scans
 from app.settings import Settings
 from app.store import Store
+from app.uploads import sweep_stale
 from app.worker import WorkerLimits
 from core import __version__
 
@@ -77,6 +78,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         store = await asyncio.to_thread(Store.open, settings.resolved_database_url)
+        stale_age = max(3600.0, 2 * settings.scan_timeout_seconds)
+        swept = await asyncio.to_thread(sweep_stale, settings.resolved_upload_dir, stale_age)
         jobs = Jobs(settings.workers,
                     WorkerLimits(memory_bytes=settings.worker_memory_mb * MiB,
                                  cpu_seconds=settings.worker_cpu_seconds,
@@ -93,7 +96,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         await app.state.hub.start()
         log.info("started", extra={"event": "start", "version": __version__,
                                    "database": store.engine.url.render_as_string(hide_password=True),
-                                   "workers": settings.workers})
+                                   "workers": settings.workers, "stale_uploads_removed": swept})
         try:
             yield
         finally:

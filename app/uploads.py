@@ -14,6 +14,7 @@ import hashlib
 import os
 import re
 import tempfile
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -121,6 +122,26 @@ class _Receiver:
 
     def on_part_end(self) -> None:
         self._in_file = False
+
+
+def sweep_stale(upload_dir: Path, max_age_s: float = 3600.0) -> int:
+    """Delete upload temp files a crashed process left behind; returns how many.
+
+    Only our own names (`upload-*.bin`), and only old ones: a live upload keeps its file's
+    mtime fresh, and a scan never outlives the wall-clock limit.
+    """
+    if not upload_dir.is_dir():
+        return 0
+    cutoff = time.time() - max_age_s
+    removed = 0
+    for path in upload_dir.glob("upload-*.bin"):
+        try:
+            if path.is_file() and path.stat().st_mtime < cutoff:
+                path.unlink()
+                removed += 1
+        except OSError:
+            continue
+    return removed
 
 
 async def receive_upload(content_type: str | None, content_length: str | None,

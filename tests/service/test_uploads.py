@@ -72,3 +72,18 @@ def test_other_fields_ignored_and_two_files_refused(tmp_path: Path) -> None:
 ])
 def test_clean_filename(raw: str, clean: str | None) -> None:
     assert clean_filename(raw) == clean
+
+
+def test_sweep_stale_removes_only_old_upload_files(tmp_path: Path) -> None:
+    from app.uploads import sweep_stale
+
+    up = tmp_path / "up"
+    up.mkdir()
+    old, fresh, other = up / "upload-a.bin", up / "upload-b.bin", up / "keep.db"
+    for p in (old, fresh, other):
+        p.write_bytes(b"x")
+    os.utime(old, (1, 1))
+    os.utime(other, (1, 1))
+    assert sweep_stale(up, 3600) == 1
+    assert not old.exists() and fresh.exists() and other.exists()
+    assert sweep_stale(tmp_path / "missing") == 0
