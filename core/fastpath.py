@@ -76,7 +76,9 @@ def tokenize(data: bytes, allowed: Callable[[str], bool]) -> Tokens:
     piece_start = 0
     memo_cap = max(_MAX_MEMO_INDEX_FLOOR, n)
     while True:
-        pos = match(data, pos).end()
+        run = match(data, pos)   # `*+` always matches, possibly empty
+        if run is not None:
+            pos = run.end()
         if pos >= n:
             raise Decline("no STOP")
         op = data[pos]

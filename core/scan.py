@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 from core import __version__
 from core.analysis import Analysis, ScanOptions
 from core.errors import CkptError, Code, LimitExceeded, SourceError
-from core.report import Report, SourceInfo, WeightsOnly, decide_verdict
+from core.report import FormatName, Report, SourceInfo, WeightsOnly, decide_verdict
 from core.sniff import HEAD_BYTES, Sniffed, sniff
 from core.source import ByteSource, FileSource
 
@@ -170,7 +170,7 @@ def _analyze_zip(source: ByteSource, an: Analysis, kind: Sniffed) -> None:
         torch_zip.check_generic_zip(source, directory, an)
 
 
-def classify_zip(directory: ZipDirectory) -> str:
+def classify_zip(directory: ZipDirectory) -> FormatName:
     """Decide the zip layout from its record names (FORMATS.md §0, §5, §7)."""
     names = directory.by_name
     prefix = directory.prefix()

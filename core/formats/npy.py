@@ -65,6 +65,7 @@ class _Window:
         self._source, self._base, self._size = source, base, size
         self.name = name
         self.stats: IoStats = source.stats
+        self.random_access_cheap: bool = getattr(source, "random_access_cheap", True)
 
     @property
     def size(self) -> int:
@@ -75,7 +76,9 @@ class _Window:
         return self._source.read_at(self._base + offset, nbytes)
 
     def read_many(self, spans: Sequence[tuple[int, int]]) -> list[bytes]:
-        return [self.read_at(off, n) for off, n in spans]
+        for off, n in spans:
+            check_span(self._size, off, n)
+        return self._source.read_many([(self._base + off, n) for off, n in spans])
 
 
 def analyze(source: ByteSource, an: Analysis) -> None:

@@ -265,8 +265,8 @@ def _storage_sites(source: ByteSource, directory: ZipDirectory, prefix: str,
             ok = local is not None and local.name_bytes == ent.name_bytes
         sites[key] = StorageSite(record=ent.name, data_offset=offset,
                                  record_nbytes=ent.uncompressed_size, verified=ok)
-    for key, ent in entries.items():
-        if ent is None:
+    for key, found in entries.items():
+        if found is None:
             an.add(Code.TORCH_MISSING_RECORD, f"storage {key!r} has no data/{key} record",
                    record=f"{prefix}/data/{key}")
     return sites
