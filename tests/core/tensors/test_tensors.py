@@ -103,6 +103,7 @@ def test_view_span_and_offset() -> None:
     loc.locate = lambda key: StorageSite("ex1/data/0", 1088, 24, True)  # type: ignore[method-assign]
     an = manifest({"c": v2(pid(numel=6), 3, (3,), (1,))}, loc)
     t = an.tensors[0]
+    assert t.data_offset is not None
     assert (t.data_offset, t.data_offset + t.nbytes) == (1100, 1112)
 
 
