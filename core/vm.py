@@ -218,6 +218,11 @@ class _Machine:
         except CkptError as exc:
             count += i + 1
             res.error = exc
+        except MemoryError:
+            # the worker's address-space limit: a resource verdict, not a malformed pickle
+            count += i + 1
+            res.error = LimitExceeded(Code.RESOURCE_LIMIT, "out of memory interpreting the pickle",
+                                      offset=self.base + pos)
         except Exception as exc:  # any bytes -> a result (hard rule 2)
             count += i + 1
             res.error = self._classify(exc, pos, n)

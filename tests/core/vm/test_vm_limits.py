@@ -218,3 +218,25 @@ def test_long_global_names_not_rescanned() -> None:
     r = run_vm(data)
     assert r.complete and len(r.globals) == 200
     assert {c for c, _m, _o in r.notes} == {Code.PICKLE_NON_ASCII_GLOBAL}
+
+
+def test_memory_error_is_a_resource_limit_not_a_malformed_pickle(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Under the worker's RLIMIT_AS an allocation fails with MemoryError: that is a resource
+    verdict (RESOURCE_LIMIT), never 'the pickle is malformed'."""
+    from core.errors import Code, LimitExceeded
+    from core.vm import _Machine, run_vm
+
+    original = _Machine._dispatch
+
+    def exhausted(self):  # type: ignore[no-untyped-def]
+        table = original(self)
+
+        def oom(pos: int) -> int:
+            raise MemoryError
+        table[ord("]")] = oom   # EMPTY_LIST
+        return table
+
+    monkeypatch.setattr(_Machine, "_dispatch", exhausted)
+    result = run_vm(b"\x80\x02].")
+    assert isinstance(result.error, LimitExceeded)
+    assert result.error.code == Code.RESOURCE_LIMIT
