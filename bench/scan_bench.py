@@ -27,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from core.scan import scan_path  # noqa: E402
+from core.scan import scan_path
 
 
 def _best(fn: Callable[[], object], repeat: int) -> float:
