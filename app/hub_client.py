@@ -29,8 +29,9 @@ import httpx
 from core.analysis import ScanOptions
 from core.errors import Code, SourceError
 from core.http_source import HttpSource, origin_of
+from core.limits import Limits
 from core.report import SourceInfo
-from core.sniff import HEAD_BYTES, sniff
+from core.sniff import HEAD_BYTES, Sniffed, sniff
 from core.urlguard import UrlGuard
 
 RepoType = str  # "model" | "dataset"
@@ -159,20 +160,30 @@ def _tree_file(entry: object) -> TreeFile | None:
     return TreeFile(path=path, size=size, lfs_sha256=sha)
 
 
+def _sniff_open(source: HttpSource) -> Sniffed:
+    size = source.size
+    # HttpSource's open already cached the head and tail: these reads cost no request
+    head = source.read_at(0, min(size, HEAD_BYTES))
+    tail_len = min(size, 65535 + 22)
+    return sniff(head, source.read_at(size - tail_len, tail_len), size)
+
+
+def sniff_remote(url: str, *, headers: Mapping[str, str], guard: UrlGuard, limits: Limits) -> Sniffed:
+    """The container kind of a remote file from its head and tail (one round trip)."""
+    with HttpSource(url, headers=headers, guard=guard, limits=limits, speculate=False) as source:
+        return _sniff_open(source)
+
+
 def scan_remote_file(url: str, *, headers: Mapping[str, str], guard: UrlGuard, options: ScanOptions,
                      name: str, sha256: str | None) -> FileScan:
-    """Open `url` over Range requests, sniff it, scan it if it can hold pickles or tensors."""
+    """Sniff and scan in this process (no sandbox pool): open once, scan if it can hold
+    pickles or tensors. The service prefers `sniff_remote` + the pool's `scan_url`."""
     from core.scan import scan_source  # the scanner pulls in every format parser
 
     with HttpSource(url, headers=headers, guard=guard, limits=options.limits, name=name) as source:
-        size = source.size
-        # HttpSource's open already cached the head and tail: these reads cost no request
-        head = source.read_at(0, min(size, HEAD_BYTES))
-        tail_len = min(size, 65535 + 22)
-        tail = source.read_at(size - tail_len, tail_len)
-        sniffed = sniff(head, tail, size)
+        sniffed = _sniff_open(source)
         if sniffed.container not in SCANNED:
             return FileScan(sniffed.container, None, sniffed.detail)
-        info = SourceInfo(kind="hub", name=name, url=url, size=size, sha256=sha256)
+        info = SourceInfo(kind="hub", name=name, url=url, size=source.size, sha256=sha256)
         report = scan_source(source, options=options, info=info)
         return FileScan(sniffed.container, report.to_json(), sniffed.detail)

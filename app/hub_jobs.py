@@ -8,7 +8,8 @@ re-reads the table at start and every `lease/2` seconds, so work survives restar
 queued jobs whose retry time has come and running jobs whose lease expired (their
 process died) are picked up again; finished files are never scanned twice.
 Per file: a stored report with the same LFS sha256 is reused; otherwise the file is
-sniffed and scanned over Range requests in a thread (never on the event loop).
+sniffed (head + tail, in a thread) and, if it can hold pickles or tensors, scanned over
+Range requests in the sandboxed worker pool (`Jobs.scan_url`, like POST /scan/url).
 Failures retry with exponential backoff (`hub_retry_backoff_seconds * 2**n`) and end
 as `failed` with the error recorded after `hub_scan_attempts` tries.
 """
@@ -23,7 +24,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
-from app.hub_client import MIN_SCAN_BYTES, FileScan, HubClient, scan_remote_file
+from app.hub_client import MIN_SCAN_BYTES, SCANNED, FileScan, HubClient, scan_remote_file, sniff_remote
 from app.hub_db import HubDb
 from app.notify import notify
 from app.settings import Settings
@@ -31,12 +32,14 @@ from app.ssrf import guard_from_settings
 from app.store import Store, policy_key
 from core import __version__
 from core.analysis import ScanOptions
-from core.errors import CkptError
+from core.errors import CkptError, Code
 from core.report import POLICY
 
 log = logging.getLogger("ckptguard.hub")
 
 Handler = Callable[[str], Awaitable[None]]
+SANDBOX_CODES = frozenset({Code.TIMEOUT.value, Code.RESOURCE_LIMIT.value, Code.WORKER_CRASHED.value,
+                           Code.INTERNAL_ERROR.value})
 ScanFn = Callable[..., FileScan]
 
 
@@ -115,10 +118,11 @@ class InProcessQueue:
 class HubRunner:
     """Runs one hub job to its end (or until its lease is lost)."""
 
-    def __init__(self, settings: Settings, store: Store, *, scan_fn: ScanFn = scan_remote_file,
-                 client: HubClient | None = None) -> None:
+    def __init__(self, settings: Settings, store: Store, *, jobs: object | None = None,
+                 scan_fn: ScanFn = scan_remote_file, client: HubClient | None = None) -> None:
         self.settings = settings
         self.store = store
+        self.jobs = jobs  # app.jobs.Jobs: its `scan_url` runs a URL scan in the sandbox
         self.db = HubDb(store.engine)
         self.client = client or HubClient(settings.hub_endpoint, token=settings.hub_token,
                                           max_files=settings.hub_max_files)
@@ -222,9 +226,7 @@ class HubRunner:
                                         container=_container(hit.report))
                 return
             url = self.client.resolve_url(job.repo_type, job.repo, job.revision, row.path)
-            result = await asyncio.to_thread(
-                self.scan_fn, url, headers=self.client.auth_headers, guard=self.guard,
-                options=ScanOptions(allow=self.allow), name=row.path, sha256=row.lfs_sha256)
+            result = await self._scan_url(url, row)
         except Exception as exc:
             await self._file_failed(row, exc)
             return
@@ -232,7 +234,9 @@ class HubRunner:
             await asyncio.to_thread(self.db.file_state, row.id, state="skipped", container=result.container,
                                     error=f"not a checkpoint (content sniffed as {result.container})")
             return
-        cacheable = row.lfs_sha256 is not None
+        # A report of a stopped worker (timeout, memory, crash) is kept but not reused.
+        stopped = any(f.get("code") in SANDBOX_CODES for f in result.report.get("findings", []))
+        cacheable = row.lfs_sha256 is not None and not stopped
         stored = await asyncio.to_thread(self.store.save, result.report, policy=self.policy,
                                          cacheable=cacheable)
         verdict = str(result.report.get("verdict"))
@@ -244,6 +248,24 @@ class HubRunner:
             return
         await asyncio.to_thread(self.db.file_state, row.id, state="done", error=None, verdict=verdict,
                                 report_id=stored.id, container=_container(result.report))
+
+    async def _scan_url(self, url: str, row: Any) -> FileScan:
+        headers = self.client.auth_headers
+        scan_url = getattr(self.jobs, "scan_url", None)
+        if scan_url is None:  # no sandbox pool (library use, tests): sniff + scan in a thread
+            return await asyncio.to_thread(
+                self.scan_fn, url, headers=headers, guard=self.guard, options=ScanOptions(allow=self.allow),
+                name=row.path, sha256=row.lfs_sha256)
+        # Sniffing reads two spans and parses nothing; the scan itself (every parser) runs in
+        # the sandboxed worker pool like POST /scan/url, with its memory/CPU/time limits.
+        sniffed = await asyncio.to_thread(sniff_remote, url, headers=headers, guard=self.guard,
+                                          limits=ScanOptions().limits)
+        if sniffed.container not in SCANNED:
+            return FileScan(sniffed.container, None, sniffed.detail)
+        report: dict[str, Any] = await scan_url(url, dict(headers) or None, self.guard, self.allow)
+        source = report.setdefault("source", {})
+        source.update(kind="hub", name=row.path, sha256=row.lfs_sha256)
+        return FileScan(sniffed.container, report, sniffed.detail)
 
     async def _file_failed(self, row: Any, exc: BaseException) -> None:
         attempts = row.attempts + 1

@@ -23,6 +23,7 @@ MakeClient = Callable[..., TestClient]
 
 def test_revision_verdicts_and_reports(make_client: MakeClient, hub: FakeHub) -> None:
     client = make_client()
+    assert client.app.state.hub.jobs is client.app.state.jobs   # type: ignore[attr-defined]  # sandboxed scans
     r = deliver(client, payload(REV_A, ref="refs/pr/3"))
     assert r.status_code == 202, r.text
     [item] = r.json()["revisions"]
