@@ -43,12 +43,14 @@ def sniff(head: bytes, tail: bytes, size: int) -> Sniffed:
     zip_at_tail = ZIP_EOCD_MAGIC in tail[-(65535 + 22):]
     if head.startswith(ZIP_LOCAL_MAGIC):
         return Sniffed("zip", zip_at_tail)
+    if _is_tar(head):
+        # torch's legacy path tries tarfile.open first: whatever it accepts (a v7 header
+        # without "ustar", even an all-zero block) goes down the .tar branch
+        return Sniffed("torch-tar", zip_at_tail, "tar")
     if head.startswith(NUMPY_MAGIC):
         return Sniffed("numpy", zip_at_tail)
     if head.startswith(TORCH_LEGACY_MAGIC):
         return Sniffed("torch-legacy", zip_at_tail)
-    if len(head) >= 262 and head[257:262] == b"ustar":
-        return Sniffed("torch-tar", zip_at_tail, "ustar")
     if _looks_like_safetensors(head, size):
         return Sniffed("safetensors", zip_at_tail)
     if head[:1] == b"\x80" and len(head) > 1 and head[1] <= 5:
@@ -60,6 +62,12 @@ def sniff(head: bytes, tail: bytes, size: int) -> Sniffed:
         # the legacy path and fail; zip readers would see an archive.
         return Sniffed("zip", True, "prepended data before the first record")
     return Sniffed("unknown", zip_at_tail)
+
+
+def _is_tar(head: bytes) -> bool:
+    from core.formats.torch_tar import is_tar  # the tarfile.open emulation lives there
+
+    return is_tar(head)
 
 
 def _looks_like_safetensors(head: bytes, size: int) -> bool:

@@ -53,12 +53,26 @@ def test_safetensors_length_past_end_is_not_safetensors() -> None:
     assert _sniff(data) != "safetensors"
 
 
-def test_tar_by_ustar_magic() -> None:
+def test_ustar_magic_with_a_bad_checksum_is_not_a_tar() -> None:
     data = bytearray(1024)
-    data[257:262] = b"ustar"
-    assert _sniff(bytes(data)) == "torch-tar"
+    data[257:262] = b"ustar"          # tarfile.open rejects the header: torch goes on
+    assert _sniff(bytes(data)) != "torch-tar"
 
 
 def test_empty_and_unknown() -> None:
     assert sniff(b"", b"", 0).container == "empty"
     assert _sniff(b"\x7fELF\x02\x01\x01") == "unknown"
+
+
+def test_tar_without_ustar_magic_takes_the_tar_path_as_in_torch() -> None:
+    import io
+    import tarfile
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.GNU_FORMAT) as tar:
+        info = tarfile.TarInfo("pickle")
+        info.size = 3
+        tar.addfile(info, io.BytesIO(b"abc"))
+    data = bytearray(buf.getvalue())
+    assert _sniff(bytes(data)) == "torch-tar"
+    assert _sniff(bytes(1024)) == "torch-tar"   # all zero: tarfile.open accepts it
