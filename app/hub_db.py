@@ -136,12 +136,12 @@ class HubDb:
                 hub_jobs.c.repo_type == repo_type, hub_jobs.c.repo == repo,
                 hub_jobs.c.revision == revision)).first()
 
-    def list_failed(self, job_id: str, error: str, *, retry_at: float | None) -> None:
+    def list_failed(self, job_id: str, error: str, *, retry_at: float | None, notify: bool = False) -> None:
         """A tree listing failed: retry at `retry_at`, or fail the job for good (None)."""
         values: dict[str, Any] = {"attempts": hub_jobs.c.attempts + 1, "error": error[:2000],
                                   "updated_at": _now(), "lease_owner": None, "lease_until": None}
         if retry_at is None:
-            values.update(state="failed", verdict="invalid")
+            values.update(state="failed", verdict="invalid", notify_state="pending" if notify else None)
         else:
             values.update(state="queued", next_attempt_at=retry_at)
         with self.engine.begin() as conn:

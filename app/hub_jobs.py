@@ -63,7 +63,7 @@ class InProcessQueue:
         self._queue: asyncio.Queue[str] = asyncio.Queue()
         self._queued: set[str] = set()
         self._tasks: list[asyncio.Task[None]] = []
-        self._timers: set[asyncio.TimerHandle] = set()
+        self._timers: dict[str, asyncio.TimerHandle] = {}
 
     async def start(self) -> None:
         self._tasks = [asyncio.create_task(self._work(), name=f"hub-job-{i}") for i in range(self._workers)]
@@ -72,10 +72,13 @@ class InProcessQueue:
     async def enqueue(self, job_id: str, *, not_before: float = 0.0) -> None:
         delay = not_before - time.time()
         if delay > 0:
-            loop = asyncio.get_running_loop()
-            handle = loop.call_later(delay, self._put, job_id)
-            self._timers.add(handle)
+            if job_id not in self._timers:  # the sweeper re-announces delayed jobs: one timer each
+                self._timers[job_id] = asyncio.get_running_loop().call_later(delay, self._fire, job_id)
             return
+        self._put(job_id)
+
+    def _fire(self, job_id: str) -> None:
+        self._timers.pop(job_id, None)
         self._put(job_id)
 
     def _put(self, job_id: str) -> None:
@@ -106,7 +109,7 @@ class InProcessQueue:
             await asyncio.sleep(self._sweep_every)
 
     async def close(self) -> None:
-        for handle in self._timers:
+        for handle in self._timers.values():
             handle.cancel()
         for task in self._tasks:
             task.cancel()
@@ -207,9 +210,13 @@ class HubRunner:
             attempts = job.attempts + 1
             last = attempts >= self.settings.hub_scan_attempts
             retry_at = None if last else time.time() + self._backoff(attempts)
-            await asyncio.to_thread(self.db.list_failed, job.id, _describe(exc), retry_at=retry_at)
+            notify = bool(self.settings.notify_url)
+            await asyncio.to_thread(self.db.list_failed, job.id, _describe(exc), retry_at=retry_at,
+                                    notify=notify)
             if retry_at is not None:
                 await self.queue.enqueue(job.id, not_before=retry_at)
+            elif notify:
+                await self._notify(job.id)
             log.warning("hub tree listing failed", extra={"event": "hub_list_failed", "job": job.id,
                                                           "error": _describe(exc), "final": last})
             return False

@@ -220,3 +220,26 @@ def test_signed_notification_with_retry(make_client: MakeClient, receiver: Recei
     sent = json.loads(body)
     assert sent["revision"] == REV_A and sent["verdict"] == "unsafe" and sent["state"] == "done"
     assert len(sent["files"]) == len(EXPECTED_A)
+
+
+def wait_notified(client: TestClient, sha: str) -> dict[str, Any]:
+    for _ in range(200):
+        doc: dict[str, Any] = client.get(f"/hub/models/{REPO}/revisions/{sha}").json()
+        if doc["state"] in ("done", "failed") and doc["notification"] != "pending":
+            return doc
+        threading.Event().wait(0.05)
+    raise AssertionError(doc)
+
+
+def test_failed_revision_is_notified_and_a_dead_receiver_recorded(make_client: MakeClient) -> None:
+    dead = Receiver(fail=100)
+    try:
+        client = make_client(notify_url=dead.url, notify_retries=1, hub_scan_attempts=1)
+        deliver(client, payload("e5" * 20))
+        doc = wait_notified(client, "e5" * 20)
+        assert doc["state"] == "failed" and doc["notification"] == "failed"
+        assert len(dead.bodies) == 2                                   # 1 try + 1 retry
+        assert json.loads(dead.bodies[0][0])["state"] == "failed"
+        assert SIGNATURE_HEADER not in dead.bodies[0][1]                # no secret: unsigned
+    finally:
+        dead.httpd.shutdown()
