@@ -167,16 +167,27 @@ class HubRunner:
         lease = self.settings.hub_lease_seconds
         if not await asyncio.to_thread(self.db.claim, job_id, self.owner, lease):
             return  # finished, not due yet, or another runner holds it
-        heartbeat = asyncio.create_task(self._heartbeat(job_id, lease))
+        work = asyncio.create_task(self._run(job_id))
+        heartbeat = asyncio.create_task(self._heartbeat(job_id, lease, work))
         try:
-            await self._run(job_id)
+            await asyncio.wait({work})
+        except asyncio.CancelledError:
+            work.cancel()
+            raise
         finally:
             heartbeat.cancel()
+        if work.cancelled():
+            log.warning("hub job %s: lease lost, another runner took it over", job_id)
+            return
+        work.result()  # re-raise a crash: the queue logs it and the lease brings the job back
 
-    async def _heartbeat(self, job_id: str, lease: float) -> None:
+    async def _heartbeat(self, job_id: str, lease: float, work: asyncio.Task[None]) -> None:
+        """Renew the lease every lease/3; a lease someone else took stops this run."""
         while True:
             await asyncio.sleep(lease / 3)
-            await asyncio.to_thread(self.db.renew, job_id, self.owner, lease)
+            if not await asyncio.to_thread(self.db.renew, job_id, self.owner, lease):
+                work.cancel()
+                return
 
     async def _run(self, job_id: str) -> None:
         job = await asyncio.to_thread(self.db.job, job_id)
