@@ -426,3 +426,30 @@ def test_any_graph_gives_a_manifest_never_a_crash(root: Any) -> None:
                           Code.TORCH_RECORD_SIZE_MISMATCH)
     for t in an.tensors:
         assert t.nbytes >= 0 and t.name == ".".join(map(str, t.path))
+
+
+def test_old_rebuild_tensor_and_device_wrappers() -> None:
+    old = Call(Global(U, "_rebuild_tensor"), (pid(), 1, (5,), (1,)))
+    dev = Call(Global(U, "_rebuild_device_tensor_from_cpu_tensor"),
+               (v2(pid("1", HALF, 4), 0, (4,), (1,)), Global("torch", "float16"), "xla:0", True))
+    npy = Call(Global(U, "_rebuild_device_tensor_from_numpy"),
+               (Call(Global("numpy.core.multiarray", "_reconstruct"), ()), Global("torch", "int8"), "xla",
+                False))
+    an = manifest({"old": old, "dev": dev, "np": npy})
+    got = [(t.name, t.kind, t.dtype, t.storage, t.data_offset, t.nbytes, t.requires_grad) for t in an.tensors]
+    assert got == [("old", "tensor", "float32", "0", 1004, 20, False),
+                   ("dev", "tensor", "float16", "1", 1100, 8, True),
+                   ("np", "numpy", "int8", None, None, 0, False)]
+    assert an.findings == []
+
+
+def test_sparse_coo_legacy_three_tuple_and_bad_data() -> None:
+    layout = Global("torch", "sparse_coo")
+    ok = Call(Global(U, "_rebuild_sparse_tensor"),
+              (layout, (v2(pid("0", Global("torch", "LongStorage"), 4), 0, (2, 2), (2, 1)),
+                        v2(pid("1", FLOAT, 2), 0, (2,), (1,)), (3, 3))))
+    bad = Call(Global(U, "_rebuild_sparse_tensor"), (layout, (v2(),)))
+    an = manifest({"s": ok, "b": bad})
+    assert [t.name for t in an.tensors] == ["s", "s.indices", "s.values"]
+    assert an.tensors[0].dtype == "float32" and an.tensors[0].shape == [3, 3]
+    assert codes(an) == [Code.TORCH_BAD_TENSOR_ARGS]
