@@ -9,9 +9,10 @@ Strategy: follows the Hugging Face Hub's conventions so a real hub works unchang
   read by core.http_source.HttpSource: Range requests with `Accept-Encoding: identity`,
   redirects followed by hand with the Range header kept and every hop checked by the
   service's URL guard, the Authorization header sent to the hub's origin only.
-- Which files: by content, never by name. `scan_remote_file` opens the source (one round
-  trip: head + tail), sniffs it (core.sniff) and scans only what can hold pickles or
-  tensors; the rest is `skipped`. The LFS sha256 from the listing (the value the hub
+- Which files: by content, never by name. `sniff_remote` reads the head and tail (one
+  round trip) and core.sniff classifies them; only what can hold pickles or tensors is
+  scanned (the service does that in its sandboxed pool; `scan_remote_file` sniffs and
+  scans in-process for library use); the rest is `skipped`. The LFS sha256 from the listing (the value the hub
   also sends as `X-Linked-Etag`) names the content for report reuse.
 This module does blocking I/O: the job runner calls it in a thread.
 """
