@@ -117,3 +117,13 @@ def test_a_runner_that_loses_its_lease_stops(store: Store, tmp_path: Path) -> No
         assert row.lease_owner == "B" and row.state == "running"   # untouched by the loser
         assert runner.db.files(job)[0].state == "running"          # the loser recorded nothing
         runner.client.close()
+
+
+def test_concurrent_deliveries_make_one_job(store: Store) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    db = HubDb(store.engine)
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(lambda _: db.deliver("model", "a/b", "refs/heads/main", SHA), range(16)))
+    assert len({r.job_id for r in results}) == 1
+    assert sum(not r.duplicate for r in results) == 1 and sum(r.new_job for r in results) == 1
