@@ -13,6 +13,7 @@ Example:
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import time
@@ -51,6 +52,11 @@ def scan_source(source: ByteSource, *, options: ScanOptions | None = None,
         info = SourceInfo(kind="bytes", name=source.name, size=source.size)
     if info.size is None:
         info.size = source.size
+    # A scan builds millions of small objects that live until it ends; generational GC
+    # passes over that growing heap cost more than the scan (bench/scan_bench.py: 5.2 s ->
+    # see README). Scans are bounded by Limits and the worker's RLIMIT_AS.
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
     try:
         _analyze(source, an)
     except SourceError:
@@ -64,6 +70,9 @@ def scan_source(source: ByteSource, *, options: ScanOptions | None = None,
     except Exception as exc:  # a scanner bug must not crash the caller or hide the input
         log.exception("internal error while scanning %s", source.name)
         an.add(Code.INTERNAL_ERROR, f"{type(exc).__name__}: {exc}")
+    finally:
+        if gc_was_enabled:
+            gc.enable()
     return _report(an, source, info, started)
 
 

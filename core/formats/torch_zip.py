@@ -120,7 +120,8 @@ def analyze_zip(source: ByteSource, directory: ZipDirectory, an: Analysis) -> No
             scan_pickle(read_record(source, directory, ent.name), an, record=ent.name,
                         base_offset=0)
 
-    storages = storages_in_order(scan.vm.persids)
+    storages = ([(u.key, u.nbytes) for u in scan.storages] if scan.fast
+                else storages_in_order(scan.vm.persids))
     if not is_torchscript:
         sites = _storage_sites(source, directory, prefix, meta, locals_, storages, an)
         build_manifest(scan.root, _Locator(sites), an, record=pkl_name)
