@@ -1,6 +1,6 @@
 """Service configuration: every field is a `CKPTGUARD_<NAME>` environment variable.
 
-The README's "Configuration" table is generated from this class (app/README_SECTION.md);
+The README's "Configuration" table documents this class (tests/service/test_settings.py checks it);
 keep the descriptions short and the defaults safe for a laptop (`ckptguard serve`).
 """
 
@@ -45,7 +45,7 @@ class Settings(BaseSettings):
         description="comma-separated extra allowlisted globals (like add_safe_globals); in the cache key")
     log_level: str = Field(default="INFO", description="root log level; logs are JSON lines on stderr")
     test_hooks: bool = Field(default=False, description="tests only: honour the X-Ckptguard-Test-Hook header")
-    # --- model-hub webhook (app/hub*.py, app/README_HUB.md) ---
+    # --- model-hub webhook (app/hub*.py, README "Model-hub webhook") ---
     hub_endpoint: str = Field(default="https://huggingface.co",
                               description="model hub base URL (like HF_ENDPOINT)")
     hub_token: str | None = Field(default=None,
