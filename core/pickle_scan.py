@@ -177,19 +177,23 @@ def first_line(text: str) -> str:
     return text.split("\n", 1)[0]
 
 
-def set_weights_only(an: Analysis, error: TorchError | None, pickle_data: bytes | None) -> None:
+def set_weights_only(an: Analysis, error: TorchError | None, pickle_data: bytes | None, *,
+                     unsafe: list[str] | None = None) -> None:
     """Record torch's weights-only outcome in the report (+ a finding when it refuses).
 
-    `pickle_data` is the main pickle, for the `get_unsafe_globals_in_checkpoint` list;
-    None when there is none, or when the fast path already proved every global allowlisted.
+    `unsafe_globals` is `get_unsafe_globals_in_checkpoint`'s walk over `pickle_data` (the
+    main pickle; None when there is none, or when the fast path already proved every
+    global allowlisted), unless the caller passes the list itself (`unsafe`).
     """
-    listed = unsafe_globals(pickle_data, an.options.allow) if pickle_data else []
+    if unsafe is None:
+        listed = unsafe_globals(pickle_data, an.options.allow) if pickle_data else []
+        unsafe = listed if isinstance(listed, list) else []
     benign = sorted(g.full for g in an.globals.values() if g.status == "benign")
     an.weights_only = WeightsOnly(
         loadable=error is None,
         error=first_line(error.message) if error else None,
         error_type=error.type if error else None,
-        unsafe_globals=listed if isinstance(listed, list) else [],
+        unsafe_globals=unsafe,
         safe_globals_hint=safe_globals_hint(benign) if benign else None,
     )
     if error is not None:

@@ -81,6 +81,16 @@ class NoStorages:
         return None
 
 
+@dataclass(slots=True)
+class SiteTable:
+    """A locator over a ready table of sites (what the container layer computed)."""
+
+    sites: dict[str, StorageSite]
+
+    def locate(self, key: str) -> StorageSite | None:
+        return self.sites.get(key)
+
+
 _UTILS = "torch._utils"
 _WRAPPERS = frozenset({"_rebuild_parameter", "_rebuild_parameter_with_state",
                        "_rebuild_device_tensor_from_cpu_tensor"})

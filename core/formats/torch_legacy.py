@@ -25,14 +25,13 @@ from core.errors import Code, LimitExceeded
 from core.formats import torch_tar
 from core.formats.pickle_window import PickleWindow
 from core.names import torch_map
-from core.pickle_scan import PickleScan, scan_pickle
-from core.report import WeightsOnly
+from core.pickle_scan import PickleScan, scan_pickle, set_weights_only
 from core.source import ByteSource
-from core.tensors import StorageSite, build_manifest
+from core.tensors import SiteTable, StorageSite, build_manifest
 from core.threats import assess
 from core.values import Call, Global, PersId
 from core.vm import run_vm
-from core.weights_only import TorchError, safe_globals_hint
+from core.weights_only import TorchError
 
 MAGIC_NUMBER = 0x1950A86A20F9469CFC6C
 PROTOCOL_VERSION = 1001
@@ -121,7 +120,7 @@ class _Stream:
                 blocks = _blocks(main)
                 keys = self.key_list(scans[4], blocks)
                 sites = self.locate(keys, blocks, pos) if keys is not None else {}
-            build_manifest(main.root, _Locator(sites), an)
+            build_manifest(main.root, SiteTable(sites), an)
         self.finish()
 
     def check(self, what: str, scan: PickleScan) -> None:
@@ -259,30 +258,10 @@ class _Stream:
             pos = vm.end
 
     def finish(self) -> None:
-        an, error = self.an, self.error
         # get_unsafe_globals_in_checkpoint refuses non-zip files (FORMATS.md §3.7): list what
         # the allowlist rejected in any of the five pickles instead.
-        listed = sorted(g.full for g in an.globals.values() if g.status != "allowed")
-        benign = sorted(g.full for g in an.globals.values() if g.status == "benign")
-        an.weights_only = WeightsOnly(
-            loadable=error is None,
-            error=(error.message.splitlines() or [""])[0] if error else None,
-            error_type=error.type if error else None,
-            unsafe_globals=listed,
-            safe_globals_hint=safe_globals_hint(benign) if benign else None,
-        )
-        if error is not None:
-            an.add(Code.TORCH_WEIGHTS_ONLY_FAILED,
-                   (error.message.splitlines() or [error.type])[0] or error.type,
-                   offset=error.offset)
-
-
-@dataclass(slots=True)
-class _Locator:
-    sites: dict[str, StorageSite]
-
-    def locate(self, key: str) -> StorageSite | None:
-        return self.sites.get(key)
+        listed = sorted(g.full for g in self.an.globals.values() if g.status != "allowed")
+        set_weights_only(self.an, self.error, None, unsafe=listed)
 
 
 def _blocks(scan: PickleScan) -> dict[Any, _Block]:

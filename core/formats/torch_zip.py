@@ -22,7 +22,7 @@ from core.names import torch_map
 from core.offsets import chain_storage_offsets, verify_chain
 from core.pickle_scan import scan_pickle, set_weights_only
 from core.source import ByteSource
-from core.tensors import StorageSite, build_manifest
+from core.tensors import SiteTable, StorageSite, build_manifest
 from core.values import Global, PersId
 from core.weights_only import TorchError
 from core.zipcheck import check_archive, verify_crcs
@@ -64,13 +64,6 @@ class ZipStorageResolver:
                               f"size ({nbytes} bytes = {nbytes} elements * 1 bytes/element) for dtype Byte")
         return None
 
-
-@dataclass(slots=True)
-class _Locator:
-    sites: dict[str, StorageSite]
-
-    def locate(self, key: str) -> StorageSite | None:
-        return self.sites.get(key)
 
 
 def analyze_zip(source: ByteSource, directory: ZipDirectory, an: Analysis) -> None:
@@ -124,7 +117,7 @@ def analyze_zip(source: ByteSource, directory: ZipDirectory, an: Analysis) -> No
                 else storages_in_order(scan.vm.persids))
     if not is_torchscript:
         sites = _storage_sites(source, directory, prefix, meta, locals_, storages, an)
-        build_manifest(scan.root, _Locator(sites), an, record=pkl_name)
+        build_manifest(scan.root, SiteTable(sites), an, record=pkl_name)
         _flag_unreferenced(directory, prefix, {k for k, _ in storages}, an)
     if meta.get("byteorder") == b"big":
         an.add(Code.TORCH_BIG_ENDIAN, "storages are big-endian", record=f"{prefix}/byteorder")
