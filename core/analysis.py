@@ -43,6 +43,7 @@ class Analysis:
     storages: list[StorageEntry] = field(default_factory=list)
     weights_only: WeightsOnly | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    io: dict[str, int] = field(default_factory=dict)   # read-side counts beyond the source's
 
     def add(self, code: Code, message: str, *, record: str | None = None,
             offset: int | None = None, severity: Severity | None = None) -> Finding:

@@ -84,7 +84,7 @@ def _report(an: Analysis, source: ByteSource, info: SourceInfo, started: float) 
         source=info, format=an.format, verdict=verdict, weights_only=wo,
         globals=sorted(an.globals.values(), key=lambda g: (g.offset or 0, g.full)),
         findings=an.findings, tensors=an.tensors, storages=an.storages,
-        io={"bytes_read": source.stats.bytes_read, "requests": source.stats.requests},
+        io={"bytes_read": source.stats.bytes_read, "requests": source.stats.requests, **an.io},
         timings_ms={"total": round((time.perf_counter() - started) * 1000, 3)},
         scanner_version=__version__, extra=an.extra,
     )

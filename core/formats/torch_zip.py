@@ -85,7 +85,9 @@ def analyze_zip(source: ByteSource, directory: ZipDirectory, an: Analysis) -> No
     check_archive(directory, locals_, an)
     if an.options.verify_crc:
         verify_crcs(source, directory, an)
-    an.extra["local_headers_checked"] = f"{len(locals_)} of {len(directory.entries)}"
+    # a remote scan reads only the local headers the offset chain needs: say how many
+    an.io["zip_local_headers_read"] = len(locals_)
+    an.io["zip_entries"] = len(directory.entries)
 
     meta = _read_small_records(source, directory, [e for r in _META_RECORDS if (e := entry(r))])
     is_torchscript = f"{prefix}/constants.pkl" in directory.by_name  # exact, as torch lists it
