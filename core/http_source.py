@@ -221,6 +221,12 @@ class _Want:
         return f"bytes={self.start}-{self.end - 1}"
 
 
+# torch writes .format_version, .storage_alignment, byteorder and then data/0 right after
+# data.pkl, each padded to the 64-byte alignment: well inside this margin.
+_AFTER_PICKLE = 4096
+_BEFORE_CD = 4096
+
+
 class HttpSource:
     """Random access to a remote file with validated HTTP Range requests (see module doc)."""
 
@@ -402,7 +408,9 @@ class HttpSource:
             return
         cd_start, cd_end, entries = cd
         with self._lock:
-            cd_missing = self._cache.missing(cd_start, cd_end)
+            # from a little before the directory: torch writes `version` and
+            # `.data/serialization_id` last, and the scan reads their local headers
+            cd_missing = self._cache.missing(max(0, cd_start - _BEFORE_CD), cd_end)
         pickle_known = threading.Event()
         pickle_end = [0]
 
@@ -412,7 +420,9 @@ class HttpSource:
             if first is not None and local is not None:
                 entry = parse_first_central_entry(first)
                 if entry is not None and entry[0] == local[0] and entry[1] == 0 and entry[2] == 0:
-                    pickle_end[0] = min(local[1] + entry[3], cd_start)
+                    # + what follows it: the small metadata records and data/0's local
+                    # header, which the offset chain reads next (saves a round trip)
+                    pickle_end[0] = min(local[1] + entry[3] + _AFTER_PICKLE, cd_start)
             pickle_known.set()
 
         if not cd_missing:
