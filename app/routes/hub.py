@@ -53,17 +53,17 @@ async def webhook(request: Request, secret: Annotated[str | None, Query(max_leng
     return JSONResponse({"status": "queued", "revisions": accepted}, status_code=202)
 
 
-def _repo(namespace: str, name: str) -> str:
-    repo = valid_repo(f"{namespace}/{name}")
+def _repo(path: str) -> str:
+    repo = valid_repo(path)   # `namespace/name`, or a legacy bare name such as `gpt2`
     if repo is None:
         raise AppError("BAD_REPO", 404, "not a valid repository name")
     return repo
 
 
-@router.get("/hub/{repo_type}/{namespace}/{name}/revisions/{sha}", dependencies=[AuthDep])
-async def revision(repo_type: str, namespace: str, name: str, sha: str, request: Request) -> JSONResponse:
+@router.get("/hub/{repo_type}/{repo:path}/revisions/{sha}", dependencies=[AuthDep])
+async def revision(repo_type: str, repo: str, sha: str, request: Request) -> JSONResponse:
     runner = _runner(request)
-    job = await asyncio.to_thread(runner.db.find_job, repo_type_of(repo_type), _repo(namespace, name),
+    job = await asyncio.to_thread(runner.db.find_job, repo_type_of(repo_type), _repo(repo),
                                   sha.lower())
     doc = None if job is None else await asyncio.to_thread(summary, runner.db, job.id)
     if doc is None:
@@ -71,8 +71,8 @@ async def revision(repo_type: str, namespace: str, name: str, sha: str, request:
     return JSONResponse(doc)
 
 
-@router.post("/hub/{repo_type}/{namespace}/{name}/reconcile", status_code=202, dependencies=[AuthDep])
-async def reconcile(repo_type: str, namespace: str, name: str, request: Request,
+@router.post("/hub/{repo_type}/{repo:path}/reconcile", status_code=202, dependencies=[AuthDep])
+async def reconcile(repo_type: str, repo: str, request: Request,
                     revision: Annotated[str, Query(min_length=1, max_length=240,
                                                    pattern=r"^[A-Za-z0-9._/-]+$")] = "main",
                     ) -> JSONResponse:
@@ -81,7 +81,7 @@ async def reconcile(repo_type: str, namespace: str, name: str, request: Request,
     For lost webhook deliveries: safe to call at any time, a scanned commit is not rescanned.
     """
     runner = _runner(request)
-    kind, repo = repo_type_of(repo_type), _repo(namespace, name)
+    kind, repo = repo_type_of(repo_type), _repo(repo)
     try:
         sha = await asyncio.to_thread(runner.client.head_sha, kind, repo, revision)
     except SourceError as exc:

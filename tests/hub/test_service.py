@@ -243,3 +243,13 @@ def test_failed_revision_is_notified_and_a_dead_receiver_recorded(make_client: M
         assert SIGNATURE_HEADER not in dead.bodies[0][1]                # no secret: unsigned
     finally:
         dead.httpd.shutdown()
+
+
+def test_repository_without_namespace_is_queryable(make_client: MakeClient) -> None:
+    """Legacy hub names such as `gpt2` have no namespace; their revisions are still served."""
+    client = make_client(hub_scan_attempts=1)
+    assert deliver(client, payload("b7" * 20, repo="gpt2")).status_code == 202
+    doc = wait_done(client, "b7" * 20, repo="gpt2")
+    assert doc["repo"] == "gpt2" and doc["state"] in ("done", "failed")
+    traversal = client.get("/hub/model/a/../b/c/revisions/" + "b7" * 20)
+    assert traversal.status_code == 404
