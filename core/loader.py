@@ -142,6 +142,11 @@ class RemoteCheckpoint:
         view = np.lib.stride_tricks.as_strided(
             flat, shape=shape, strides=tuple(s * itemsize for s in stride), writeable=False)
         out: np.ndarray = np.array(view, copy=True, order="C").view(dtype)
+        # torch's lazy bits: the stored bytes are the un-conjugated / un-negated values
+        if "conj" in entry.flags:
+            out = np.conj(out)
+        if "neg" in entry.flags:
+            out = np.negative(out)
         return out
 
     def _swapped(self, entry: TensorEntry, data: bytes) -> bytes:

@@ -69,6 +69,8 @@ class TensorEntry:
     data_offset: int | None              # absolute byte of the first element
     nbytes: int                          # bytes the view spans
     record: str | None = None
+    flags: list[str] = field(default_factory=list)   # "conj" / "neg": the logical value is
+    # the conjugate / negation of the stored bytes (torch's lazy conj and neg bits)
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -74,6 +74,13 @@ class StorageLocator(Protocol):
         """The site of storage `key`; None if the container has no bytes for it."""
 
 
+def _flags(metadata: Any) -> list[str]:
+    """torch's `set_tensor_metadata` bits that change a tensor's logical value."""
+    if type(metadata) is not dict:
+        return []
+    return sorted(k for k in ("conj", "neg") if metadata.get(k) is True)
+
+
 class NoStorages:
     """A locator for a bare pickle: no storage has bytes."""
 
@@ -260,8 +267,8 @@ class _Builder:
     def fast_v2(self, path: _Path, call: Call) -> bool:
         """The common case (a plain `_rebuild_tensor_v2` on a known storage) inline; False: not it."""
         args = call.args
-        if type(args) is not tuple or not 6 <= len(args) <= 7 or call.state:
-            return False
+        if type(args) is not tuple or len(args) != 6 or call.state:
+            return False   # a 7th argument is metadata (conj/neg bits): the general path
         pid, offset, shape, stride, rg = args[0], args[1], args[2], args[3], args[4]
         if type(pid) is not PersId or type(offset) is not int or offset < 0 or type(rg) is not bool \
                 or type(shape) is not tuple or type(stride) is not tuple or len(shape) != len(stride):
@@ -363,11 +370,13 @@ class _Builder:
         view_limit = 0
         shape: list[int] = []
         stride: list[int] = []
+        flags: list[str] = []
         if name in ("_rebuild_tensor_v2", "_rebuild_tensor", "_rebuild_tensor_v3", "_rebuild_qtensor"):
             if name == "_rebuild_tensor_v2":
                 args = _args(node, 6, 7)
                 rg = args[4]
                 kind = "tensor"
+                flags = _flags(args[6]) if len(args) == 7 else []
             elif name == "_rebuild_tensor":
                 args = _args(node, 4, 4)
                 rg = False
@@ -376,6 +385,7 @@ class _Builder:
                 args = _args(node, 7, 8)
                 rg = args[4]
                 kind = "tensor"
+                flags = _flags(args[7]) if len(args) == 8 else []
             else:
                 args = _args(node, 7, 7)
                 rg = args[5]
@@ -429,13 +439,14 @@ class _Builder:
             rg = requires_grad
         if wrapper_kind is not None and kind == "tensor":
             kind = wrapper_kind
-        self.emit(path, node, kind, dtype, shape, stride, offset, storage, view_byte, view_limit, rg)
+        self.emit(path, node, kind, dtype, shape, stride, offset, storage, view_byte, view_limit, rg,
+                  flags)
         for seg, value in reversed(components):
             push(((*path, seg), value))
 
     def emit(self, path: _Path, node: Call, kind: str, dtype: str, shape: list[int],
              stride: list[int], offset: int, storage: _Storage | None, view_byte: int,
-             view_limit: int, rg: bool) -> None:
+             view_limit: int, rg: bool, flags: list[str] | None = None) -> None:
         self.count += 1
         if self.count > self.max_tensors:
             raise LimitExceeded(Code.LIMIT_TENSORS, f"more than {self.max_tensors} tensors",
@@ -476,7 +487,7 @@ class _Builder:
         self.an.tensors.append(TensorEntry(
             name, list(path), dtype, shape, stride, offset,
             storage[0].key if storage is not None else None, kind, rg, data_offset, nbytes,
-            self.record))
+            self.record, flags or []))
 
     # --- storages ----------------------------------------------------------------------
     def storage(self, persid: PersId, node: Call) -> tuple[_Storage, int, int]:
