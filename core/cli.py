@@ -45,7 +45,7 @@ def scan_target(target: str, options: ScanOptions, headers: dict[str, str] | Non
 
 
 def _cmd_scan(args: argparse.Namespace) -> int:
-    options = ScanOptions(allow=frozenset(args.allow or ()))
+    options = ScanOptions(allow=frozenset(args.allow or ()), verify_crc=args.verify_crc)
     headers = dict(h.split(":", 1) for h in args.header or ())
     try:
         report = scan_target(args.target, options, {k.strip(): v.strip() for k, v in headers.items()})
@@ -140,6 +140,8 @@ def build_parser() -> argparse.ArgumentParser:
     scan.add_argument("--json", action="store_true", help="print the JSON report")
     scan.add_argument("--allow", action="append", metavar="module.name",
                       help="treat this global as allowlisted (like torch.serialization.add_safe_globals)")
+    scan.add_argument("--verify-crc", action="store_true",
+                      help="also read every zip record to check its CRC-32 (torch never does)")
     scan.add_argument("--header", action="append", metavar="NAME:VALUE",
                       help="extra HTTP header for URL targets (e.g. Authorization)")
     scan.set_defaults(func=_cmd_scan)

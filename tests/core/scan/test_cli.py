@@ -1,0 +1,84 @@
+"""`ckptguard scan` as a user meets it: exit status, summary, --json, --allow, --verify-crc."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from core.cli import main
+from tests.pickle_asm import asm
+
+torch = pytest.importorskip("torch")
+
+
+@pytest.fixture
+def ckpt(tmp_path: Path) -> Path:
+    path = tmp_path / "model.pt"
+    torch.save({"w": torch.arange(4.0), "b": torch.zeros(2, dtype=torch.int64)}, path)
+    return path
+
+
+def test_safe_checkpoint_exits_zero_with_a_summary(ckpt: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["scan", str(ckpt)]) == 0
+    out = capsys.readouterr().out
+    assert "SAFE (torch-zip, 2 tensors, 2 storages)" in out
+    assert "weights_only load: yes" in out
+
+
+def test_json_report(ckpt: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["scan", str(ckpt), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["verdict"] == "safe" and [t["name"] for t in report["tensors"]] == ["w", "b"]
+
+
+def test_malicious_pickle_exits_two(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    evil = tmp_path / "evil.bin"
+    evil.write_bytes(asm(("PROTO", 2), ("GLOBAL", "os", "system"), ("BINUNICODE", "true"),
+                         "TUPLE1", "REDUCE", "STOP"))
+    assert main(["scan", str(evil)]) == 2
+    assert "dangerous os.system" in capsys.readouterr().out
+
+
+def test_allow_changes_the_verdict_as_add_safe_globals_would(tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "args.pt"
+    torch.save({"w": torch.ones(1), "args": argparse.Namespace(lr=0.1)}, path)
+    assert main(["scan", str(path)]) == 1
+    out = capsys.readouterr().out
+    assert "benign    argparse.Namespace" in out
+    assert "safe_globals" in out                      # the ready-to-paste hint
+    assert main(["scan", str(path), "--allow", "argparse.Namespace"]) == 0
+    with torch.serialization.safe_globals([argparse.Namespace]):   # the oracle agrees
+        torch.load(path, weights_only=True)
+
+
+def test_verify_crc_reads_records_torch_never_checks(ckpt: Path, tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    data = bytearray(ckpt.read_bytes())
+    info = next(i for i in zipfile.ZipFile(ckpt).infolist() if i.filename.endswith("data/0"))
+    n, m = int.from_bytes(data[info.header_offset + 26:info.header_offset + 28], "little"), \
+        int.from_bytes(data[info.header_offset + 28:info.header_offset + 30], "little")
+    start = info.header_offset + 30 + n + m          # the local extra (FB padding) counts
+    data[start] ^= 0xFF                               # flip a weight byte; headers untouched
+    bad = tmp_path / "flipped.pt"
+    bad.write_bytes(bytes(data))
+    torch.load(bad, weights_only=True)                # torch does not notice
+    assert main(["scan", str(bad)]) == 0
+    capsys.readouterr()
+    assert main(["scan", str(bad), "--verify-crc", "--json"]) == 1
+    codes = {f["code"] for f in json.loads(capsys.readouterr().out)["findings"]}
+    assert "ZIP_CRC_MISMATCH" in codes
+
+
+def test_unreadable_path_exits_four(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["scan", str(tmp_path / "missing.pt")]) == 4
+    assert "cannot read" in capsys.readouterr().err
+
+
+def test_codes_command_prints_the_table(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["codes"]) == 0
+    assert "| `PICKLE_DANGEROUS_GLOBAL` | critical | unsafe |" in capsys.readouterr().out
