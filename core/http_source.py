@@ -404,6 +404,8 @@ class HttpSource:
             return
         cd = find_central_directory(tail, tail_start, size, self._limits)
         local = parse_local_header(head)
+        if local is not None and not local[0].lower().endswith(b"/data.pkl"):
+            local = None   # only torch's data.pkl is worth streaming ahead (not an npz member)
         if cd is None:
             return
         cd_start, cd_end, entries = cd

@@ -59,8 +59,6 @@ def test_pt2_remote_equals_local(pt2_full: bytes) -> None:
     _same(remote, local)
 
 
-@pytest.mark.xfail(reason="HttpSource._speculate_zip fetches the whole FIRST zip record as if it "
-                   "were torch's data.pkl, whatever its name (here an 8 MB npz member)")
 def test_npz_with_a_big_first_member_reads_little() -> None:
     data = npz_bytes({"x": np.zeros(BIG // 8), "y": np.arange(10)})
     remote, local, _ = _remote_and_local(data, "b.npz")
