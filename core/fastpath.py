@@ -5,7 +5,7 @@ Strategy (the bench behind it: bench/scan_bench.py): the exact interpreters
 (core.weights_only + core.vm) run ~1 M opcodes/s, and a 100k-tensor data.pkl has 3 M.
 Most checkpoints are clean, so we first try to prove this one is:
 
-1. `tokenize` walks the opcodes exactly (the fixed-size runs inside one compiled regex,
+1. `core.pickletoken.tokenize` walks the opcodes exactly (one compiled regex,
    the length-prefixed ones in Python) and declines unless every opcode is in torch's
    accepted set, every GLOBAL is allowlisted and every memo index is small;
 2. the C `_pickle.Unpickler` then builds the value graph, but `find_class` returns only
@@ -25,115 +25,17 @@ from __future__ import annotations
 import gc
 import io
 import pickle
-import re
-import struct
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from core.dtypes import ITEMSIZE
 from core.names import torch_map
+from core.pickletoken import Decline, Tokens, tokenize
 from core.values import Call, Global, PersId
 
-_MAX_MEMO_INDEX_FLOOR = 1 << 20
-
-
-class Decline(Exception):
-    """The fast path cannot vouch for this pickle: use the exact interpreters."""
-
-
-# Fixed-size opcodes torch accepts (FORMATS.md §3.4), as one possessive run:
-# 0-arg: NEWOBJ REDUCE BUILD APPEND APPENDS SETITEM SETITEMS MARK TUPLE TUPLE1-3
-# EMPTY_TUPLE EMPTY_DICT EMPTY_SET NONE NEWTRUE NEWFALSE BINPERSID; 1-byte arg: BININT1
-# BINGET BINPUT; 2: BININT2; 4: BININT LONG_BINGET; 8: BINFLOAT. EMPTY_LIST and
-# LONG_BINPUT are handled in Python (rewrite / bound check).
-_RUN = re.compile(
-    rb"(?:[\x81Rbaesu(t\x85\x86\x87)}\x8fN\x88\x89Q]|[Khq][\x00-\xff]|M[\x00-\xff]{2}"
-    rb"|[Jj][\x00-\xff]{4}|r[\x00-\xff]{2}[\x00-\x0f]\x00|G[\x00-\xff]{8})*+"
-)
-_U32 = struct.Struct("<I")
-
-
-@dataclass(slots=True)
-class Tokens:
-    """What the opcode walk learned: enough to stand in for the VM's bookkeeping."""
-
-    globals: list[tuple[str, str, str, str, int]] = field(default_factory=list)
-    # (module, name, raw_module, raw_name, relative pos)
-    protocol: int | None = None
-    end: int = 0                       # relative position after STOP
-    rewritten: bytes | None = None     # data with EMPTY_LIST rewritten, if any
-
-
-def tokenize(data: bytes, allowed: Callable[[str], bool]) -> Tokens:
-    """Walk the opcodes of one pickle; Decline on anything torch would not accept."""
-    toks = Tokens()
-    pos = 0
-    n = len(data)
-    match = _RUN.match
-    pieces: list[bytes] = []
-    piece_start = 0
-    memo_cap = max(_MAX_MEMO_INDEX_FLOOR, n)
-    while True:
-        run = match(data, pos)   # `*+` always matches, possibly empty
-        if run is not None:
-            pos = run.end()
-        if pos >= n:
-            raise Decline("no STOP")
-        op = data[pos]
-        if op == 0x58:  # BINUNICODE
-            if pos + 5 > n:
-                raise Decline("truncated")
-            pos += 5 + _U32.unpack_from(data, pos + 1)[0]
-        elif op == 0x63:  # GLOBAL
-            nl1 = data.find(b"\n", pos + 1)
-            nl2 = data.find(b"\n", nl1 + 1) if nl1 >= 0 else -1
-            if nl2 < 0:
-                raise Decline("truncated GLOBAL")
-            try:
-                raw_module = data[pos + 1:nl1].decode("utf-8")
-                raw_name = data[nl1 + 1:nl2].decode("utf-8")
-            except UnicodeDecodeError as exc:
-                raise Decline("GLOBAL not utf-8") from exc
-            module, name = torch_map(raw_module, raw_name)
-            if not allowed(f"{module}.{name}"):
-                raise Decline(f"global {module}.{name} is not allowlisted")
-            toks.globals.append((module, name, raw_module, raw_name, pos))
-            pos = nl2 + 1
-        elif op == 0x72:  # LONG_BINPUT with a large index: bound it (C memo is an array)
-            if pos + 5 > n or _U32.unpack_from(data, pos + 1)[0] >= memo_cap:
-                raise Decline("memo index out of range")
-            pos += 5
-        elif op == 0x5D:  # EMPTY_LIST -> a list that refuses SETITEM (torch: dict types only)
-            pieces.append(data[piece_start:pos])
-            pieces.append(b"c__ckptguard__\nlist\n)R")
-            pos += 1
-            piece_start = pos
-        elif op == 0x55 or op == 0x8A:  # SHORT_BINSTRING, LONG1
-            if pos + 2 > n:
-                raise Decline("truncated")
-            pos += 2 + data[pos + 1]
-        elif op == 0x80:  # PROTO
-            if pos + 2 > n:
-                raise Decline("truncated")
-            if toks.protocol is None:
-                toks.protocol = data[pos + 1]
-            if data[pos + 1] > pickle.HIGHEST_PROTOCOL:
-                raise Decline("protocol beyond the C unpickler")
-            pos += 2
-        elif op == 0x2E:  # STOP
-            toks.end = pos + 1
-            break
-        else:
-            raise Decline(f"opcode {op} is not accepted by torch")
-        if pos > n:
-            raise Decline("argument past end")
-    if pieces:
-        pieces.append(data[piece_start:toks.end])
-        toks.rewritten = b"".join(pieces)
-    return toks
-
+__all__ = ["Decline", "FastResult", "Tokens", "check_rebuild", "fast_load", "tokenize"]
 
 class _CheckedList(list[Any]):
     """A list that, like torch's unpickler, refuses SETITEM."""
@@ -217,7 +119,7 @@ def fast_load(data: bytes, *, allowed: Callable[[str], bool],
     (record present, exact size) and raises Decline otherwise; `check_call` may veto a
     rebuild call's arguments (torch's own checks) by raising Decline.
     """
-    toks = tokenize(data, allowed)
+    toks = tokenize(data, allowed, newobj=True)
     calls: list[Call] = []
     persids: list[PersId] = []
     stubs: dict[tuple[str, str], type] = {}

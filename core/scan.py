@@ -152,8 +152,11 @@ def _analyze_polyglot_zip(source: ByteSource, an: Analysis) -> None:
 
 
 def _analyze_zip(source: ByteSource, an: Analysis, kind: Sniffed) -> None:
+    from core.fastlane import try_torch_zip
     from core.zipdir import read_directory
 
+    if try_torch_zip(source, an):   # a clean torch.save archive, proven in columns
+        return
     directory = read_directory(source, an.options.limits)
     if len(directory.entries) > an.options.limits.max_zip_entries:
         raise LimitExceeded(Code.LIMIT_ENTRIES, f"{len(directory.entries)} zip entries")

@@ -156,7 +156,7 @@ def build_manifest(root: Any, locator: StorageLocator, an: Analysis, *,
             gc.enable()
 
 
-def _segment(key: Any) -> str | int:
+def segment(key: Any) -> str | int:
     t = type(key)
     if t is str or t is int:
         return key  # type: ignore[no-any-return]
@@ -242,7 +242,7 @@ class _Builder:
                 if id(value) in seen:
                     continue
                 seen.add(id(value))
-                extend(reversed([((*path, _segment(k)), v) for k, v in value.items()]))
+                extend(reversed([((*path, segment(k)), v) for k, v in value.items()]))
             elif t is list or t is tuple:
                 if id(value) in seen:
                     continue
@@ -261,7 +261,7 @@ class _Builder:
                     continue
                 seen.add(id(value))
                 items = value.items() if isinstance(value, dict) else enumerate(value)
-                extend(reversed([((*path, _segment(k)), v) for k, v in items]))
+                extend(reversed([((*path, segment(k)), v) for k, v in items]))
 
     # --- one tensor ------------------------------------------------------------------
     def fast_v2(self, path: _Path, call: Call) -> bool:
@@ -487,7 +487,7 @@ class _Builder:
         self.an.tensors.append(TensorEntry(
             name, list(path), dtype, shape, stride, offset,
             storage[0].key if storage is not None else None, kind, rg, data_offset, nbytes,
-            self.record, flags or []))
+            self.record, tuple(flags or ())))
 
     # --- storages ----------------------------------------------------------------------
     def storage(self, persid: PersId, node: Call) -> tuple[_Storage, int, int]:
@@ -597,17 +597,17 @@ class _Builder:
 
 def push_all(push: Any, path: _Path, mapping: dict[Any, Any]) -> None:
     for k, v in reversed(list(mapping.items())):
-        push(((*path, _segment(k)), v))
+        push(((*path, segment(k)), v))
 
 
 def _call_children(path: _Path, call: Call) -> list[tuple[_Path, Any]]:
     """Children of an object built by a call: items, appends, BUILD attributes, args."""
-    out: list[tuple[_Path, Any]] = [((*path, _segment(k)), v) for k, v in call.setitems]
+    out: list[tuple[_Path, Any]] = [((*path, segment(k)), v) for k, v in call.setitems]
     out += [((*path, i), v) for i, v in enumerate(call.appends)]
     for state in call.state:
         for part in (state if type(state) is tuple and len(state) == 2 else (state,)):
             if type(part) is dict:
-                out += [((*path, _segment(k)), v) for k, v in part.items()]
+                out += [((*path, segment(k)), v) for k, v in part.items()]
     args = call.args
     if type(args) is tuple or type(args) is list:
         if len(args) == 1 and type(call.func) is Global and call.func in _DICT_TYPES \
@@ -615,7 +615,7 @@ def _call_children(path: _Path, call: Call) -> list[tuple[_Path, Any]]:
             # OrderedDict([(k, v), ...]): the pairs are items
             for pair in args[0]:
                 if type(pair) in (list, tuple) and len(pair) == 2:
-                    out.append(((*path, _segment(pair[0])), pair[1]))
+                    out.append(((*path, segment(pair[0])), pair[1]))
         else:
             out += [((*path, i), v) for i, v in enumerate(args)]
     return out

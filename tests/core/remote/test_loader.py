@@ -120,10 +120,10 @@ def test_unknown_name_and_lying_manifest(small_ckpt) -> None:
         ckpt.read_tensor("nope")
     # a view whose strides reach past the bytes the manifest says it spans
     bad = report.tensors[0]
-    bad.stride = [100, 1]
+    report.tensors[0] = bad._replace(stride=[100, 1])
     with pytest.raises(TensorUnreadable):
         RemoteCheckpoint(BytesSource(small_ckpt), report).read_tensor(bad.name)
-    bad.stride, bad.shape = [-1, 1], [3, 4]
+    report.tensors[0] = bad._replace(stride=[-1, 1], shape=[3, 4])
     with pytest.raises(TensorUnreadable):
         RemoteCheckpoint(BytesSource(small_ckpt), report).read_tensor(bad.name)
 

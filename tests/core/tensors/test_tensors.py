@@ -6,7 +6,6 @@ files; here each rule of FORMATS.md §2.2-§2.6 and each finding gets a small gr
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import pytest
@@ -378,7 +377,7 @@ def _v2_calls(draw: st.DrawFn) -> Call:
 
 
 def _as_json(an: Analysis) -> Any:
-    return ([dataclasses.astuple(t) for t in an.tensors], [dataclasses.astuple(s) for s in an.storages],
+    return ([tuple(t) for t in an.tensors], [tuple(s) for s in an.storages],
             [(f.code, f.message) for f in an.findings])
 
 

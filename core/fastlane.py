@@ -1,0 +1,508 @@
+"""The fast lane: a clean torch.save zip judged in columns, or Decline to the general path.
+
+Strategy: the general path (core.formats.torch_zip) handles every archive and every
+pickle, finding by finding, at ~25 us per tensor. Most checkpoints are a plain
+`torch.save(state_dict)`: for those this module proves, with whole-column checks, that
+the general path would add no finding and would call the file loadable, and produces
+the same report (tensors, storages, globals, weights_only) directly:
+
+1. core.fastzip: the archive is exactly torch's writer layout (no zip anomaly);
+2. torch.load's container checks (version, byteorder, alignment; not TorchScript);
+3. core.fastload: the pickle uses only accepted opcodes and allowlisted globals, loaded by
+   the C unpickler with inert stubs;
+4. every persistent id and every rebuild call, reachable or not, passes torch's checks
+   (storage record present with numel x itemsize bytes, views inside their storage,
+   requires_grad only on floating dtypes, empty hooks), checked per column;
+5. the storage offsets follow torch's `calculate_storage_offsets` chain and equal the
+   local headers', and every record is referenced;
+6. one walk of the value graph names the tensors as core.tensors does.
+
+Anything outside that raises `Decline` before the Analysis is touched, and the caller
+runs the general path. tests/core/fastlane checks both paths give the same report on
+every fixture and on mutated archives.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass
+from functools import partial
+from itertools import chain, repeat
+from typing import Any
+
+import numpy as np
+
+from core.analysis import Analysis
+from core.dtypes import ITEMSIZE, storage_dtype
+from core.errors import Code
+from core.fastload import (
+    CheckedList,
+    Loaded,
+    RebuildCall,
+    RebuildParameter,
+    RebuildV2,
+    RebuildV3,
+    StubDict,
+    StubGlobal,
+    load,
+)
+from core.fastzip import DESCRIPTOR_SIZE, PlainArchive, read_plain_archive
+from core.names import python_map
+from core.pickletoken import Decline
+from core.report import StorageEntry, TensorEntry
+from core.source import ByteSource
+from core.tensors import segment as tensor_segment
+from core.threats import assess
+from core.vm import GlobalUse, VmResult
+
+log = logging.getLogger("ckptguard.fastlane")
+
+_META_RECORDS = ("version", ".data/version", "byteorder", ".format_version", ".storage_alignment")
+_KNOWN_RECORDS = frozenset(("data.pkl", ".data/serialization_id", *_META_RECORDS))
+_SMALL_RECORD_MAX = 4096
+_LOCATION = re.compile(r"cpu|mps|cuda(:[0-9]{1,3})?")
+_FLOATING = frozenset(("float64", "float32", "float16", "bfloat16", "complex128", "complex64",
+                       "complex32", "float8_e5m2", "float8_e4m3fn", "float8_e5m2fnuz",
+                       "float8_e4m3fnuz", "float8_e8m0fnu"))
+_PACKED = frozenset(("quint4x2", "quint2x4"))
+_MAX_DIM = 64
+_MAX_EXTENT = 1 << 28        # sizes/strides below this keep every sum inside int64
+_SCALARS = frozenset((str, int, float, bool, type(None), bytes, complex, StubGlobal))
+_LOCAL_HEADER = 30
+_FB_HEADER = 4
+
+
+def try_torch_zip(source: ByteSource, an: Analysis) -> bool:
+    """Fill `an` for a clean torch zip and return True; False (an untouched) otherwise."""
+    if not getattr(source, "random_access_cheap", False) or an.options.verify_crc:
+        return False
+    try:
+        result = _judge(source, an)
+    except Decline:
+        return False
+    except Exception:   # any surprise is a decline: the general path is the authority
+        log.debug("fast lane declined with an exception", exc_info=True)
+        return False
+    result.commit(an)
+    return True
+
+
+@dataclass(slots=True)
+class _Result:
+    """Everything the report needs; written into the Analysis only once all checks passed."""
+
+    pkl_name: str
+    loaded: Loaded
+    base: int                  # file offset of data.pkl
+    tensors: list[TensorEntry]
+    storages: list[StorageEntry]
+    entries: int               # zip entries (all local headers were read)
+
+    def commit(self, an: Analysis) -> None:
+        from core.pickle_scan import set_weights_only
+
+        toks = self.loaded.tokens
+        proto = toks.protocol or 0
+        uses = [GlobalUse(*python_map(raw_module, raw_name, proto), raw_module, raw_name,
+                          "GLOBAL", self.base + pos)
+                for _module, _name, raw_module, raw_name, pos in toks.globals]
+        vm = VmResult(root=None, complete=True, start=0, end=toks.end, protocol=toks.protocol,
+                      globals=uses)
+        an.format = "torch-zip"
+        an.io["zip_local_headers_read"] = self.entries
+        an.io["zip_entries"] = self.entries
+        assess(vm, an, allow=an.options.allow, record=self.pkl_name)
+        if toks.protocol is not None and toks.protocol != 2:
+            an.add(Code.PICKLE_PROTOCOL, f"pickle protocol {toks.protocol}", record=self.pkl_name,
+                   offset=self.base)
+        an.tensors.extend(self.tensors)
+        an.storages.extend(self.storages)
+        set_weights_only(an, None, None)
+
+
+def _judge(source: ByteSource, an: Analysis) -> _Result:
+    limits = an.options.limits
+    arc = read_plain_archive(source, limits)
+    prefix = arc.prefix
+
+    def row_of(record: str) -> int | None:
+        return arc.folded.get(f"{prefix}/{record}".lower())
+
+    if f"{prefix}/constants.pkl" in arc.index:
+        raise Decline("TorchScript")
+    pkl_row = row_of("data.pkl")
+    if pkl_row is None:
+        raise Decline("no data.pkl")
+    meta = _read_meta(source, arc, row_of)
+    alignment = _check_container(meta)
+    pkl_size = int(arc.size[pkl_row])
+    if pkl_size > limits.max_pickle_bytes:
+        raise Decline("pickle past the cap")
+    base = int(arc.data_offset[pkl_row])
+    data = source.read_at(base, pkl_size)
+
+    from core.pickle_scan import _allowed_checker
+
+    loaded = load(data, _allowed_checker(an.options.allow))
+    if loaded.tokens.end != len(data):
+        raise Decline("bytes after STOP")
+    storages = _Storages(loaded.pids, arc)
+    known = {row for r in _KNOWN_RECORDS if (row := row_of(r)) is not None}
+    if len(known) + len(storages.rows) != len(arc.names) \
+            or len(known | set(storages.rows.tolist())) != len(arc.names):
+        raise Decline("a record the pickle does not reference")
+    storages.verify_chain(arc, prefix, alignment)
+    views = _Views(loaded, storages)
+    tensors, used = _walk(loaded, views, storages, arc.names[pkl_row], limits.max_tensors)
+    entries = storages.entries(used, arc)
+    return _Result(arc.names[pkl_row], loaded, base, tensors, entries, len(arc.names))
+
+
+def _read_meta(source: ByteSource, arc: PlainArchive, row_of: Any) -> dict[str, bytes]:
+    rows = {r: row for r in _META_RECORDS if (row := row_of(r)) is not None}
+    if any(arc.size[row] > _SMALL_RECORD_MAX for row in rows.values()):
+        raise Decline("large metadata record")
+    spans = [(int(arc.data_offset[row]), int(arc.size[row])) for row in rows.values()]
+    return dict(zip(rows, source.read_many(spans) if spans else [], strict=True))
+
+
+def _check_container(meta: dict[str, bytes]) -> int:
+    """torch.load's checks before unpickling pass; returns the storage alignment."""
+    version = meta.get(".data/version", meta.get("version"))
+    m = re.match(rb"\s*[+-]?\d+", version) if version is not None else None
+    if m is None or not 1 <= int(m.group()) <= 10:
+        raise Decline("version record")
+    if meta.get("byteorder", b"little") != b"little":
+        raise Decline("byteorder")
+    if not meta.get(".format_version", b"") >= b"1":
+        raise Decline("no calculated offsets before format version 1")
+    try:
+        return int(meta.get(".storage_alignment", b"64")) or 64
+    except ValueError as exc:
+        raise Decline("storage alignment") from exc
+
+
+def _same_type(values: Any, kind: type) -> bool:
+    return set(map(type, values)) <= {kind}
+
+
+class _Storages:
+    """Every persistent id, proven to be what torch's `persistent_load` accepts.
+
+    Columns are per distinct key, in first-encounter order (FORMATS.md §2.2)."""
+
+    def __init__(self, pids: list[Any], arc: PlainArchive) -> None:
+        if not _same_type(pids, tuple) or set(map(len, pids)) - {5}:
+            raise Decline("persistent id shape")
+        self.pid_ids = set(map(id, pids))
+        tags, stypes, keys, locations, numels = zip(*pids, strict=True) if pids else ((),) * 5
+        if set(tags) - {"storage"} or not _same_type(stypes, StubGlobal) \
+                or not _same_type(keys, str) or not _same_type(locations, str) \
+                or not _same_type(numels, int) or (numels and min(numels) < 0):
+            raise Decline("persistent id fields")
+        if not all(map(_LOCATION.fullmatch, set(locations))):
+            raise Decline("storage location")
+        order = list(dict.fromkeys(keys))
+        if len(order) == len(pids):
+            firsts: Any = pids
+        else:   # a key met again must be the same storage (torch caches by key)
+            if len(set(pids)) != len(order):
+                raise Decline("a storage key declared twice, differently")
+            first = dict(zip(reversed(keys), reversed(pids), strict=True))
+            firsts = list(map(first.__getitem__, order))
+            stypes = tuple(p[1] for p in firsts)
+            locations = tuple(p[3] for p in firsts)
+            numels = tuple(p[4] for p in firsts)
+        types = set(stypes)
+        dtype_of_type = {st: _storage_dtype(st) for st in types}
+        if len(types) == 1:
+            self.dtype: list[str] = [dtype_of_type[next(iter(types))]] * len(order)
+        else:
+            self.dtype = list(map(dtype_of_type.__getitem__, stypes))
+        self.order, self.locations, self.numel = order, list(locations), list(numels)
+        self.position = dict(zip(order, range(len(order)), strict=True))
+        self.itemsize = _itemsizes(self.dtype)
+        self.numel_array = np.array(self.numel, dtype=np.int64)
+        self.nbytes = self.numel_array * self.itemsize
+        prefix = f"{arc.prefix}/data/"
+        rows = list(map(arc.index.get, [prefix + k for k in order]))
+        if None in rows:   # not under its exact name: miniz matches case-insensitively
+            rows = [r if r is not None else arc.folded.get(f"{prefix}{k}".lower())
+                    for r, k in zip(rows, order, strict=True)]
+            if None in rows:
+                raise Decline("a storage without its record")
+        self.rows = np.array(rows, dtype=np.int64)
+        if not np.array_equal(self.nbytes, arc.size[self.rows]):
+            raise Decline("a record whose size is not numel x itemsize")
+        self.data_offset = arc.data_offset[self.rows]
+
+    def verify_chain(self, arc: PlainArchive, prefix: str, alignment: int) -> None:
+        """The `calculate_storage_offsets` chain lands on every record's real offsets."""
+        if not self.order:
+            return
+        if self.order[0] != "0":
+            raise Decline("first storage is not '0'")
+        rows = self.rows
+        nbytes = self.nbytes
+        header, data = arc.header_offset[rows], self.data_offset
+        desc = np.where(nbytes > 0, DESCRIPTOR_SIZE, 0)
+        if not np.array_equal(header[1:], (data + nbytes + desc)[:-1]):
+            raise Decline("records are not in pickle order")
+        name_len = np.fromiter(map(len, self.order[1:]), dtype=np.int64,
+                               count=len(self.order) - 1) + len(prefix) + 6
+        start = header[1:] + _LOCAL_HEADER + name_len + _FB_HEADER
+        if alignment > 1:
+            start = -(-start // alignment) * alignment
+        if not np.array_equal(start, data[1:]):
+            raise Decline("a data offset differs from the calculated one")
+
+    def entries(self, positions: list[int], arc: PlainArchive) -> list[StorageEntry]:
+        names = arc.names
+        rows = self.rows[positions].tolist()
+        return list(map(_NEW_STORAGE, zip(
+            map(self.order.__getitem__, positions), map(self.dtype.__getitem__, positions),
+            map(self.numel.__getitem__, positions), self.nbytes[positions].tolist(),
+            map(self.locations.__getitem__, positions), map(names.__getitem__, rows),
+            self.data_offset[positions].tolist(), repeat(True))))
+
+
+# NamedTuple rows built in C from zipped columns (no Python call per row)
+_NEW_STORAGE = partial(tuple.__new__, StorageEntry)
+_NEW_TENSOR = partial(tuple.__new__, TensorEntry)
+
+
+def _itemsizes(dtypes: list[str]) -> Any:
+    kinds = set(dtypes)
+    if len(kinds) == 1:
+        return np.full(len(dtypes), ITEMSIZE[next(iter(kinds))], dtype=np.int64)
+    return np.array(list(map(ITEMSIZE.__getitem__, dtypes)), dtype=np.int64)
+
+
+def _storage_dtype(st: StubGlobal) -> str:
+    if tuple(st) in (("torch.storage", "UntypedStorage"), ("torch", "UntypedStorage")):
+        return "uint8"
+    dtype = storage_dtype(st[0], st[1])
+    if dtype is None or dtype in _PACKED:
+        raise Decline(f"storage type {st.full}")
+    return dtype
+
+
+class _Views:
+    """Every `_rebuild_tensor_v2/_v3` and `_rebuild_parameter` call, checked per column.
+
+    Columns hold the v2 calls, then the v3 calls (`position` maps a call to its row)."""
+
+    def __init__(self, loaded: Loaded, storages: _Storages) -> None:
+        if any(loaded.calls[base] for base in loaded.calls
+               if base not in (RebuildV2, RebuildV3, RebuildParameter)):
+            raise Decline("a rebuild function this lane does not model")
+        v2, v3 = loaded.calls[RebuildV2], loaded.calls[RebuildV3]
+        calls = v2 + v3 if v3 else v2
+        self.calls = calls
+        self.position = dict(zip(map(id, calls), range(len(calls)), strict=True))
+        args = [c.args for c in v2]
+        arity = set(map(len, args))
+        if arity - {6, 7} or (7 in arity and any(a[6] for a in args if len(a) == 7)):
+            raise Decline("_rebuild_tensor_v2 arity or metadata (conj/neg bits)")
+        pids, offsets, sizes, strides, grads, hooks = (
+            zip(*args, strict=False) if args else ((),) * 6)  # 6 columns; a 7th is dropped
+        self.keys = [p[2] for p in pids]
+        where = list(map(storages.position.__getitem__, self.keys))
+        self.dtypes = (list(map(storages.dtype.__getitem__, where))
+                       if len(set(storages.dtype)) > 1 else storages.dtype[:1] * len(v2))
+        if v3:
+            more = self._v3_columns(v3, storages)
+            pids, offsets, sizes, strides, grads, hooks = (
+                a + b for a, b in zip((pids, offsets, sizes, strides, grads, hooks), more[:6],
+                                      strict=True))
+            self.keys += more[6]
+            where += list(map(storages.position.__getitem__, more[6]))
+            self.dtypes += more[7]
+        if not set(map(id, pids)) <= storages.pid_ids or not _same_type(offsets, int) \
+                or not _same_type(sizes, tuple) or not _same_type(strides, tuple) \
+                or not _same_type(grads, bool) or not _empty_hooks(hooks):
+            raise Decline("tensor argument types")
+        if list(map(len, sizes)) != list(map(len, strides)):
+            raise Decline("size and stride lengths differ")
+        index = np.array(where, dtype=np.int64)
+        self.storage_index = index
+        self.offsets, self.grads, self.sizes, self.strides = offsets, grads, sizes, strides
+        itemsize = storages.itemsize[index]
+        if v3:
+            itemsize = _itemsizes(self.dtypes)
+        extent, empty = _extents(sizes, strides)
+        off = np.array(offsets, dtype=np.int64) if offsets else np.zeros(0, np.int64)
+        # in elements of the tensor's dtype: (offset + extent) * itemsize <= storage bytes
+        limit = storages.nbytes[index] // itemsize
+        if (off < 0).any() or ((off + extent > limit) & ~empty).any():
+            raise Decline("a view past the end of its storage")
+        if any(grads) and any(g and d not in _FLOATING
+                              for g, d in zip(grads, self.dtypes, strict=True)):
+            raise Decline("requires_grad on a non-floating tensor")
+        self.nbytes = np.where(empty, 0, extent * itemsize)
+        self.data_offset = storages.data_offset[index] + off * itemsize
+        self._params(loaded.calls[RebuildParameter])
+
+    @staticmethod
+    def _v3_columns(v3: list[RebuildCall], storages: _Storages) -> tuple[Any, ...]:
+        """The six v2 columns of the v3 calls, their storage keys and their dtypes."""
+        args = [c.args for c in v3]
+        arity = set(map(len, args))
+        if arity - {7, 8} or (8 in arity and any(a[7] for a in args if len(a) == 8)):
+            raise Decline("_rebuild_tensor_v3 arity or metadata (conj/neg bits)")
+        pids, offsets, sizes, strides, grads, hooks, dtypes = zip(*args, strict=False)
+        if not _same_type(dtypes, StubGlobal) or not _same_type(pids, tuple):
+            raise Decline("_rebuild_tensor_v3 dtype")
+        for module, name in set(dtypes):
+            if module != "torch" or name not in ITEMSIZE or name in _PACKED:
+                raise Decline(f"_rebuild_tensor_v3 dtype {module}.{name}")
+        names = [d[1] for d in dtypes]
+        return pids, offsets, sizes, strides, grads, hooks, [p[2] for p in pids], names
+
+    def _params(self, params: list[RebuildCall]) -> None:
+        args = [p.args for p in params]
+        if set(map(len, args)) - {3}:
+            raise Decline("_rebuild_parameter arity")
+        inner, grads, hooks = zip(*args, strict=True) if args else ((),) * 3
+        if not _same_type(grads, bool) or not _empty_hooks(hooks) \
+                or not all(isinstance(t, RebuildV2) for t in inner):
+            raise Decline("_rebuild_parameter arguments")
+        position = self.position
+        if any(g and self.dtypes[position[id(t)]] not in _FLOATING
+               for t, g in zip(inner, grads, strict=True)):
+            raise Decline("requires_grad on a non-floating parameter")
+
+
+def _empty_hooks(hooks: Any) -> bool:
+    return _same_type(hooks, StubDict) and not any(hooks) and not any(map(vars, hooks))
+
+
+def _extents(sizes: Any, strides: Any) -> tuple[Any, Any]:
+    """(1 + sum((n - 1) * stride), numel == 0) per tensor, in int64 without overflow."""
+    count = len(sizes)
+    flat_n = list(chain.from_iterable(sizes))
+    flat_s = list(chain.from_iterable(strides))
+    if not (_same_type(flat_n, int) and _same_type(flat_s, int)):
+        raise Decline("non-integer size or stride")
+    n = np.array(flat_n, dtype=np.int64) if flat_n else np.zeros(0, np.int64)
+    s = np.array(flat_s, dtype=np.int64) if flat_s else np.zeros(0, np.int64)
+    if len(n) and ((n < 0).any() or (s < 0).any() or n.max() >= _MAX_EXTENT
+                   or s.max() >= _MAX_EXTENT):
+        raise Decline("negative or huge size/stride")
+    dims = np.fromiter(map(len, sizes), dtype=np.int64, count=count)
+    if count and dims.max() > _MAX_DIM:
+        raise Decline("too many dimensions")
+    ends = np.cumsum(dims)
+    starts = ends - dims
+    terms = np.concatenate(([0], np.cumsum((n - 1) * s)))
+    zeros = np.concatenate(([0], np.cumsum(n == 0)))
+    return 1 + terms[ends] - terms[starts], (zeros[ends] - zeros[starts]) > 0
+
+
+_NAMED_KEYS = frozenset((str, int, bytes, float, bool, type(None)))
+
+
+def _segment(key: Any) -> str | int:
+    """core.tensors' name of a key; Decline where that name is a stub's repr()."""
+    if type(key) not in _NAMED_KEYS:
+        raise Decline("a key whose name depends on object identity")
+    return tensor_segment(key)
+
+
+def _walk(loaded: Loaded, views: _Views, storages: _Storages, record: str,
+          max_tensors: int) -> tuple[list[TensorEntry], list[int]]:
+    """Tensors in document order, named as core.tensors names them; storages as met."""
+    flat = _flat_state_dict(loaded)
+    if flat is not None:
+        names, values = flat
+        paths: list[list[Any]] = [[k] for k in names]
+    else:
+        found, values = _found(loaded, storages.pid_ids, max_tensors)
+        names = [p[0] if len(p) == 1 and type(p[0]) is str else ".".join(map(str, p))
+                 for p in found]
+        paths = list(map(list, found))
+    if len(values) > max_tensors:
+        raise Decline("tensor cap")
+    kinds, position = loaded.kinds, views.position
+    params = loaded.calls[RebuildParameter]
+    if params:
+        is_param = [kinds[type(v)] is RebuildParameter for v in values]
+        inner = [v.args[0] if p else v for v, p in zip(values, is_param, strict=True)]
+        kind = ["parameter" if p else "tensor" for p in is_param]
+        grads = [v.args[1] if p else views.grads[position[id(v)]]
+                 for v, p in zip(values, is_param, strict=True)]
+        reached_params = {id(v) for v, p in zip(values, is_param, strict=True) if p}
+        if len(reached_params) != len(params):
+            raise Decline("a parameter the graph does not reach")
+    else:
+        inner, kind, grads = values, ["tensor"] * len(values), None
+    rows = np.fromiter(map(position.__getitem__, map(id, inner)), dtype=np.int64,
+                       count=len(inner))
+    # torch runs every rebuild call, reachable or not: each must be in the manifest
+    if len(views.calls) and not np.bincount(rows, minlength=len(views.calls)).all():
+        raise Decline("a rebuild call the graph does not reach")
+    row_list = rows.tolist()
+    if grads is None:
+        grads = list(map(views.grads.__getitem__, row_list))
+    tensors = list(map(_NEW_TENSOR, zip(
+        names, paths, map(views.dtypes.__getitem__, row_list),
+        map(list, map(views.sizes.__getitem__, row_list)),
+        map(list, map(views.strides.__getitem__, row_list)),
+        map(views.offsets.__getitem__, row_list), map(views.keys.__getitem__, row_list),
+        kind, grads, views.data_offset[rows].tolist(), views.nbytes[rows].tolist(),
+        repeat(record), repeat(()))))
+    used = list(dict.fromkeys(views.storage_index[rows].tolist()))
+    return tensors, used
+
+
+def _flat_state_dict(loaded: Loaded) -> tuple[list[str], list[Any]] | None:
+    """The common root, a dict of str -> tensor, without walking it; None for any other."""
+    root = loaded.root
+    if (type(root) is not dict and type(root) is not StubDict) or (
+            type(root) is StubDict and vars(root)):
+        return None
+    keys, values = list(root), list(root.values())
+    if not _same_type(keys, str) or not set(map(type, values)) <= loaded.kinds.keys():
+        return None
+    return keys, values
+
+
+def _found(loaded: Loaded, pid_ids: set[int], max_tensors: int
+           ) -> tuple[list[tuple[Any, ...]], list[Any]]:
+    """(path, tensor) pairs of the general walk, in document order (core.tensors' rules)."""
+    kinds = loaded.kinds
+    paths: list[tuple[Any, ...]] = []
+    values: list[Any] = []
+    stack: list[tuple[tuple[Any, ...], Any]] = [((), loaded.root)]
+    seen: set[int] = set()
+    pop = stack.pop
+    while stack:
+        path, value = pop()
+        t = type(value)
+        if t in _SCALARS:
+            continue
+        if t in kinds:
+            paths.append(path)
+            values.append(value)
+            if len(values) > max_tensors:
+                raise Decline("tensor cap")
+            continue
+        if id(value) in seen:
+            continue
+        seen.add(id(value))
+        if t is dict or t is StubDict:
+            items = [((*path, _segment(k)), v) for k, v in value.items()]
+            if t is StubDict and vars(value):
+                items += [((*path, _segment(k)), v) for k, v in vars(value).items()]
+            stack.extend(reversed(items))
+        elif t is tuple or t is CheckedList:
+            if id(value) in pid_ids:
+                raise Decline("a bare storage")
+            stack.extend(reversed([((*path, i), v) for i, v in enumerate(value)]))
+        elif t is set or t is frozenset:
+            if not set(map(type, value)) <= _SCALARS:
+                raise Decline("a set holding objects")
+        else:
+            raise Decline(f"a {t.__name__} in the graph")
+    return paths, values

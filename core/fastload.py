@@ -1,0 +1,162 @@
+"""The C unpickler over a clean torch pickle, with stubs that cost no Python per tensor.
+
+Strategy (the fast lane, core.fastlane): `core.fastpath` already proves clean pickles at C
+speed, but its stubs run Python for every rebuild call and persistent id. Here the stubs
+are built so the C `_pickle.Unpickler` does almost everything itself:
+
+* a rebuild function (`_rebuild_tensor_v2/_v3`, `_rebuild_parameter`) becomes a
+  `BaseException` subclass: REDUCE constructs it in C and `.args` keeps the arguments;
+  its `__init__` only appends the instance to a list, so calls that end up unreachable
+  (a dict key set twice, leftovers on the stack at STOP) are still validated, as torch
+  runs every call;
+* `collections.OrderedDict` becomes a dict subclass whose `__init__` is `object.__init__`,
+  so `OrderedDict(anything)` fails (left to the exact interpreters) and `OrderedDict()`
+  costs a C call; BUILD (`__setstate__`) keeps its state dict, as torch does;
+* every other allowlisted global is an inert `StubGlobal` marker: not callable, not a
+  type, so any use beyond being an argument fails inside the unpickler;
+* `persistent_load` appends the pid and returns it unchanged.
+
+`tokenize` walks every opcode first (one compiled regex; only GLOBAL, PROTO, EMPTY_LIST
+and unusual lengths reach Python) and declines on any opcode torch's unpickler refuses,
+on NEWOBJ (torch accepts it only for a few classes), on any global outside the allowlist
+and on large memo indexes. Anything unusual raises `Decline`: the caller then uses the
+exact interpreters, so this path can only be faster, never different.
+"""
+
+from __future__ import annotations
+
+import gc
+import io
+import pickle
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from core.names import torch_map
+from core.pickletoken import Decline, Tokens, tokenize
+
+
+class StubGlobal(tuple[str, str]):
+    """An allowlisted global used as a value (a storage class, a dtype): (module, name)."""
+
+    __slots__ = ()
+
+    @property
+    def full(self) -> str:
+        return f"{self[0]}.{self[1]}"
+
+
+class StubDict(dict[Any, Any]):
+    """`OrderedDict()`: a dict; `object.__init__` makes `OrderedDict(x)` fail in C."""
+
+    __init__ = object.__init__  # type: ignore[assignment]
+
+    def __setstate__(self, state: Any) -> None:   # BUILD: torch updates __dict__
+        if type(state) is not dict:
+            raise Decline("BUILD on OrderedDict with a non-dict state")
+        self.__dict__.update(state)
+
+
+class CheckedList(list[Any]):
+    """A list that, like torch's unpickler, refuses SETITEM."""
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        raise Decline("SETITEM on a list")
+
+
+class RebuildCall(BaseException):
+    """A rebuild call captured in C: `.args` are its arguments. Subclassed per function."""
+
+    made: list[RebuildCall]
+
+    def __init__(self, *args: Any) -> None:
+        self.made.append(self)
+
+    def __setstate__(self, state: Any) -> None:   # BUILD on a tensor: the exact path models it
+        raise Decline("BUILD on a rebuilt tensor")
+
+
+class RebuildV2(RebuildCall):
+    __slots__ = ()
+
+
+class RebuildV3(RebuildCall):
+    __slots__ = ()
+
+
+class RebuildParameter(RebuildCall):
+    __slots__ = ()
+
+
+_REBUILD_STUBS: dict[tuple[str, str], type[RebuildCall]] = {
+    ("torch._utils", "_rebuild_tensor_v2"): RebuildV2,
+    ("torch._utils", "_rebuild_tensor_v3"): RebuildV3,
+    ("torch._utils", "_rebuild_parameter"): RebuildParameter,
+}
+
+
+@dataclass(slots=True)
+class Loaded:
+    root: Any
+    tokens: Tokens
+    pids: list[Any]                       # every persistent id, in load order
+    calls: dict[type[RebuildCall], list[RebuildCall]]   # every rebuild call, per function
+    kinds: dict[type, type[RebuildCall]]  # this load's stub class -> its base above
+
+
+class _StubUnpickler(pickle.Unpickler):
+    """The C unpickler with our stubs. No closures: nothing here may form a reference
+    cycle, or the whole value graph would wait for the cyclic GC to be freed."""
+
+    def __init__(self, file: Any, stubs: dict[tuple[str, str], Any], pids: list[Any]) -> None:
+        super().__init__(file, fix_imports=False, encoding="bytes")
+        self.stubs = stubs
+        self.pids = pids
+
+    def find_class(self, module: str, name: str) -> Any:
+        mapped = torch_map(module, name) if module != "__ckptguard__" else (module, name)
+        stub = self.stubs.get(mapped)
+        if stub is None:
+            stub = self.stubs[mapped] = StubGlobal(mapped)
+        return stub
+
+    def persistent_load(self, pid: Any) -> Any:
+        self.pids.append(pid)
+        return pid
+
+
+def load(data: bytes, allowed: Callable[[str], bool]) -> Loaded:
+    """Build the value graph of a clean torch pickle at C speed, or raise Decline."""
+    toks = tokenize(data, allowed)
+    pids: list[Any] = []
+    # one class per load: `made` must not be shared between concurrent scans
+    made: dict[type[RebuildCall], list[RebuildCall]] = {b: [] for b in _REBUILD_STUBS.values()}
+    kinds: dict[type, type[RebuildCall]] = {}
+    stubs: dict[tuple[str, str], Any] = {}
+    for key, base in _REBUILD_STUBS.items():
+        stub = type(base.__name__, (base,), {"__slots__": (), "made": made[base]})
+        stubs[key] = stub
+        kinds[stub] = base
+    stubs[("collections", "OrderedDict")] = StubDict
+    stubs[("__ckptguard__", "list")] = CheckedList
+
+    source = toks.rewritten if toks.rewritten is not None else data[:toks.end]
+    # a BufferedReader has peek(): the C unpickler then reads from its own buffer instead
+    # of calling read() for every opcode (halves the load time)
+    stream = io.BufferedReader(io.BytesIO(source), buffer_size=max(len(source), 1))
+    gc_was_enabled = gc.isenabled()
+    gc.disable()  # millions of new containers: generational GC passes cost more than the load
+    try:
+        root = _StubUnpickler(stream, stubs, pids).load()
+    except Decline:
+        raise
+    except Exception as exc:
+        raise Decline(f"{type(exc).__name__}: {exc}") from exc
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+        # the stub classes must not keep the instances (a class <-> instance cycle)
+        calls = {base: list(found) for base, found in made.items()}
+        for found in made.values():
+            found.clear()
+    return Loaded(root, toks, pids, calls, kinds)

@@ -1,0 +1,140 @@
+"""The opcode walk in front of both C-speed paths (core.fastpath, core.fastload).
+
+Strategy: the exact interpreters run ~1 M opcodes/s; the C unpickler is much faster but
+accepts opcodes torch's restricted unpickler refuses. So before the C unpickler sees a
+pickle, `tokenize` walks every opcode with one compiled regex (only GLOBAL, PROTO,
+EMPTY_LIST, long strings and STOP reach Python) and declines unless every opcode is in
+torch's accepted set (FORMATS.md §3.4), every GLOBAL is allowlisted and every memo index
+is small. `Decline` means: use the exact interpreters instead.
+"""
+
+from __future__ import annotations
+
+import pickle
+import re
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from core.names import torch_map
+
+
+class Decline(Exception):
+    """A fast path cannot vouch for this input: use the exact interpreters."""
+
+
+_MAX_MEMO_INDEX_FLOOR = 1 << 20
+
+# Fixed-size opcodes torch accepts (FORMATS.md §3.4), as one possessive run: REDUCE BUILD
+# APPEND APPENDS SETITEM SETITEMS MARK TUPLE TUPLE1-3 EMPTY_TUPLE EMPTY_DICT EMPTY_SET NONE
+# NEWTRUE NEWFALSE BINPERSID; BININT1 BINGET BINPUT; BININT2; BININT LONG_BINGET; BINFLOAT;
+# LONG_BINPUT below 2**20; BINUNICODE under 256 bytes (one branch per length, so the regex
+# engine skips the string at C speed). NEWOBJ, GLOBAL, PROTO, EMPTY_LIST, SHORT_BINSTRING,
+# LONG1, longer strings and STOP are handled in Python.
+_SHORT_UNICODE = b"|".join(re.escape(bytes((n,))) + rb"\x00\x00\x00(?s:.){%d}" % n
+                           for n in range(256))
+_ONE_OPCODE = (
+    rb"[Rbaesu(t\x85\x86\x87)}\x8fN\x88\x89Q]|[Khq][\x00-\xff]|M[\x00-\xff]{2}"
+    rb"|X(?:" + _SHORT_UNICODE + rb")"
+    rb"|[Jj][\x00-\xff]{4}|r[\x00-\xff]{2}[\x00-\x0f]\x00|G[\x00-\xff]{8}")
+# An accelerator, not a rule: the opcodes torch.save writes for one state_dict entry
+# (key, then `_rebuild_tensor_v2(pid, offset, size, stride, requires_grad, OrderedDict())`),
+# as ONE regex branch. Every piece is one of the opcodes above, so a match consumes exactly
+# what the opcode-by-opcode branch would; it only saves the engine ~30 iterations per
+# tensor (halves the walk: bench/scan_stages.py).
+_PUT = rb"(?:q[\x00-\xff]|r[\x00-\xff]{2}[\x00-\x0f]\x00)"
+_GET = rb"(?:h[\x00-\xff]|j[\x00-\xff]{4})"
+_INT = rb"(?:K[\x00-\xff]|M[\x00-\xff]{2}|J[\x00-\xff]{4})"
+_STR = rb"X(?:" + _SHORT_UNICODE + rb")"
+_TUPLE = (rb"(?:" + _INT + rb"\x85" + _PUT + rb"?|" + _INT + _INT + rb"\x86" + _PUT + rb"?|"
+          + _INT * 3 + rb"\x87" + _PUT + rb"?|\x29|\x28" + _INT + rb"*+t" + _PUT + rb"?)")
+_TENSOR_ENTRY = (_STR + _PUT + rb"?" + _GET + rb"\x28\x28" + _GET + _GET + _STR + _PUT + rb"?"
+                 + _GET + _INT + rb"t" + _PUT + rb"?Q" + _INT + _TUPLE + _TUPLE
+                 + rb"[\x88\x89]" + _GET + rb"\x29R" + _PUT + rb"?t" + _PUT + rb"?R" + _PUT + rb"?")
+_RUN = re.compile(rb"(?:" + _TENSOR_ENTRY + rb"|" + _ONE_OPCODE + rb")*+")
+# the same walk that also lets NEWOBJ through (core.fastpath's stubs judge it)
+_RUN_NEWOBJ = re.compile(rb"(?:" + _TENSOR_ENTRY + rb"|\x81|" + _ONE_OPCODE + rb")*+")
+_U32 = struct.Struct("<I")
+LIST_REWRITE = b"c__ckptguard__\nlist\n)R"
+
+
+@dataclass(slots=True)
+class Tokens:
+    """What the opcode walk learned about one pickle."""
+
+    globals: list[tuple[str, str, str, str, int]] = field(default_factory=list)
+    # (module, name, raw_module, raw_name, relative position of the GLOBAL opcode)
+    protocol: int | None = None
+    end: int = 0                       # relative position after STOP
+    rewritten: bytes | None = None     # data[:end] with EMPTY_LIST rewritten, if any
+
+
+def tokenize(data: bytes, allowed: Callable[[str], bool], *, newobj: bool = False) -> Tokens:
+    """Walk the opcodes of one pickle; Decline on anything torch would not accept.
+
+    NEWOBJ declines too unless `newobj` (torch accepts it for a few classes only)."""
+    toks = Tokens()
+    pos = 0
+    n = len(data)
+    match = (_RUN_NEWOBJ if newobj else _RUN).match
+    pieces: list[bytes] = []
+    piece_start = 0
+    memo_cap = max(_MAX_MEMO_INDEX_FLOOR, n)
+    while True:
+        run = match(data, pos)   # `*+` always matches, possibly empty
+        if run is not None:
+            pos = run.end()
+        if pos >= n:
+            raise Decline("no STOP")
+        op = data[pos]
+        if op == 0x58:  # BINUNICODE of 256 bytes or more
+            if pos + 5 > n:
+                raise Decline("truncated")
+            pos += 5 + _U32.unpack_from(data, pos + 1)[0]
+        elif op == 0x63:  # GLOBAL
+            nl1 = data.find(b"\n", pos + 1)
+            nl2 = data.find(b"\n", nl1 + 1) if nl1 >= 0 else -1
+            if nl2 < 0:
+                raise Decline("truncated GLOBAL")
+            try:
+                raw_module = data[pos + 1:nl1].decode("utf-8")
+                raw_name = data[nl1 + 1:nl2].decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise Decline("GLOBAL not utf-8") from exc
+            module, name = torch_map(raw_module, raw_name)
+            if not allowed(f"{module}.{name}"):
+                raise Decline(f"global {module}.{name} is not allowlisted")
+            toks.globals.append((module, name, raw_module, raw_name, pos))
+            pos = nl2 + 1
+        elif op == 0x72:  # LONG_BINPUT with a large index: bound it (the C memo is an array)
+            if pos + 5 > n or _U32.unpack_from(data, pos + 1)[0] >= memo_cap:
+                raise Decline("memo index out of range")
+            pos += 5
+        elif op == 0x5D:  # EMPTY_LIST -> a list that refuses SETITEM (torch: dict types only)
+            pieces.append(data[piece_start:pos])
+            pieces.append(LIST_REWRITE)
+            pos += 1
+            piece_start = pos
+        elif op == 0x55 or op == 0x8A:  # SHORT_BINSTRING, LONG1
+            if pos + 2 > n:
+                raise Decline("truncated")
+            pos += 2 + data[pos + 1]
+        elif op == 0x80:  # PROTO
+            if pos + 2 > n:
+                raise Decline("truncated")
+            if toks.protocol is None:
+                toks.protocol = data[pos + 1]
+            if data[pos + 1] > pickle.HIGHEST_PROTOCOL:
+                raise Decline("protocol beyond the C unpickler")
+            pos += 2
+        elif op == 0x2E:  # STOP
+            toks.end = pos + 1
+            break
+        else:  # incl. NEWOBJ: torch accepts it for a few classes only, left to the exact path
+            raise Decline(f"opcode {op} is not accepted here")
+        if pos > n:
+            raise Decline("argument past end")
+    if pieces:
+        pieces.append(data[piece_start:toks.end])
+        toks.rewritten = b"".join(pieces)
+    return toks
