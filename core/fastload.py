@@ -9,7 +9,7 @@ are built so the C `_pickle.Unpickler` does almost everything itself:
   its `__init__` only appends the instance to a list, so calls that end up unreachable
   (a dict key set twice, leftovers on the stack at STOP) are still validated, as torch
   runs every call;
-* `collections.OrderedDict` becomes a dict subclass whose `__init__` is `object.__init__`,
+* `collections.OrderedDict` becomes a dict subclass whose `__init__` is `dict.clear`,
   so `OrderedDict(anything)` fails (left to the exact interpreters) and `OrderedDict()`
   costs a C call; BUILD (`__setstate__`) keeps its state dict, as torch does;
 * every other allowlisted global is an inert `StubGlobal` marker: not callable, not a
@@ -47,9 +47,12 @@ class StubGlobal(tuple[str, str]):
 
 
 class StubDict(dict[Any, Any]):
-    """`OrderedDict()`: a dict; `object.__init__` makes `OrderedDict(x)` fail in C."""
+    """`OrderedDict()`: a dict. `dict.clear` as `__init__` takes no arguments, so
+    `OrderedDict(pairs)` raises in C (the exact path models it) and `OrderedDict()` costs
+    no Python frame. (`object.__init__` would not do: it accepts arguments silently when
+    the class's `__new__` is not object's.)"""
 
-    __init__ = object.__init__  # type: ignore[assignment]
+    __init__ = dict.clear  # type: ignore[assignment]
 
     def __setstate__(self, state: Any) -> None:   # BUILD: torch updates __dict__
         if type(state) is not dict:

@@ -1,0 +1,181 @@
+"""The fast lane takes exactly the clean torch-layout archives and otherwise declines, and
+whichever path runs, the report is the general path's (tests/differential holds the same
+check over the torch-written corpus)."""
+
+from __future__ import annotations
+
+import gc
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+from core import fastlane
+from core.analysis import Analysis
+from core.fastload import RebuildCall
+from core.scan import scan_path
+from core.source import BytesSource
+from tests.core.fastlane.torchlayout import META, state_dict, torch_layout, v2
+from tests.pickle_asm import asm
+
+F8 = b"\x00" * 8          # the bytes of a 2-element float32 storage
+
+
+def comparable(path: Path) -> dict[str, Any]:
+    out = scan_path(path).to_json()
+    out.pop("timings_ms")
+    out.pop("io")
+    return out
+
+
+def both_paths(path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[dict[str, Any], dict[str, Any]]:
+    fast = comparable(path)
+    with monkeypatch.context() as m:
+        m.setattr(fastlane, "try_torch_zip", lambda source, an: False)
+        slow = comparable(path)
+    return fast, slow
+
+
+def lane_takes(data: bytes) -> bool:
+    return fastlane.try_torch_zip(BytesSource(data), Analysis())
+
+
+def _plain() -> bytes:
+    return torch_layout("ex", state_dict(("a", v2("0")), ("b", v2("1"))), [("0", F8), ("1", F8)])
+
+
+def _nested() -> bytes:
+    pkl = asm(("PROTO", 2), "EMPTY_DICT", "MARK",
+              ("BINUNICODE", "m"), "EMPTY_DICT", ("BINUNICODE", "w"), *v2("0"), "SETITEM",
+              ("BINUNICODE", "l"), "EMPTY_LIST", *v2("1"), "APPEND",
+              ("BINUNICODE", "step"), ("BININT1", 7), "SETITEMS", "STOP")
+    return torch_layout("ex", pkl, [("0", F8), ("1", F8)])
+
+
+def _parameter() -> bytes:
+    pkl = state_dict(("p", [("GLOBAL", "torch._utils", "_rebuild_parameter"), "MARK", *v2("0"),
+                            "NEWTRUE", ("GLOBAL", "collections", "OrderedDict"), "EMPTY_TUPLE",
+                            "REDUCE", "TUPLE", "REDUCE"]))
+    return torch_layout("ex", pkl, [("0", F8)])
+
+
+def _tied_views() -> bytes:
+    pkl = state_dict(("a", v2("0", numel=4)), ("b", v2("0", numel=4, offset=2, size=(2,))),
+                     ("t", v2("0", numel=4, size=(2, 2), stride=(1, 2))))
+    return torch_layout("ex", pkl, [("0", b"\x00" * 16)])
+
+
+TAKEN = {"plain": _plain, "nested": _nested, "parameter": _parameter, "tied-views": _tied_views}
+
+
+def _declined() -> dict[str, bytes]:
+    one = [("0", F8)]
+    two = [("0", F8), ("1", F8)]
+    return {
+        # a tensor whose key is set again: torch still ran (and checked) its rebuild call
+        "dup-key-drops-a-tensor": torch_layout("ex", state_dict(("a", v2("0")), ("a", v2("1"))), two),
+        "call-left-on-the-stack": torch_layout("ex", asm(
+            ("PROTO", 2), *v2("1"), "EMPTY_DICT", "MARK", ("BINUNICODE", "a"), *v2("0"),
+            "SETITEMS", "STOP"), two),
+        "view-past-storage": torch_layout("ex", state_dict(("a", v2("0", size=(3,)))), one),
+        "grad-on-int": torch_layout("ex", state_dict(
+            ("a", v2("0", numel=1, storage="LongStorage", requires_grad=True))), one),
+        "first-storage-not-0": torch_layout("ex", state_dict(("a", v2("1"))), [("1", F8)]),
+        "record-size-mismatch": torch_layout("ex", state_dict(("a", v2("0"))), [("0", b"\x00" * 12)]),
+        "unreferenced-record": torch_layout("ex", state_dict(("a", v2("0"))), [*one, ("9", F8)]),
+        "ordereddict-with-args": torch_layout("ex", asm(
+            ("PROTO", 2), ("GLOBAL", "collections", "OrderedDict"), "EMPTY_LIST", "TUPLE1",
+            "REDUCE", ("BINUNICODE", "a"), *v2("0"), "SETITEM", "STOP"), one),
+        "build-on-a-tensor": torch_layout("ex", state_dict(("a", [*v2("0"), "EMPTY_DICT", "BUILD"])), one),
+        "newobj": torch_layout("ex", asm(
+            ("PROTO", 2), ("GLOBAL", "collections", "OrderedDict"), "EMPTY_TUPLE", "NEWOBJ",
+            ("BINUNICODE", "a"), *v2("0"), "SETITEM", "STOP"), one),
+        "pop-opcode": torch_layout("ex", state_dict(("a", v2("0")), extra=[("BININT1", 1), "POP"]), one),
+        "bare-storage": torch_layout("ex", asm(
+            ("PROTO", 2), "EMPTY_DICT", ("BINUNICODE", "s"), "MARK", ("BINUNICODE", "storage"),
+            ("GLOBAL", "torch", "FloatStorage"), ("BINUNICODE", "0"), ("BINUNICODE", "cpu"),
+            ("BININT1", 2), "TUPLE", "BINPERSID", "SETITEM", "STOP"), one),
+        "tensor-as-key": torch_layout("ex", asm(
+            ("PROTO", 2), "EMPTY_DICT", *v2("0"), ("BININT1", 1), "SETITEM", "STOP"), one),
+        "conj-bit": torch_layout("ex", state_dict(("a", [
+            *v2("0")[:-2], "EMPTY_DICT", ("BINUNICODE", "conj"), "NEWTRUE", "SETITEM",
+            "TUPLE", "REDUCE"])), one),
+        "storage-on-xla": torch_layout("ex", state_dict(("a", [
+            *(("BINUNICODE", "xla:0") if o == ("BINUNICODE", "cpu") else o for o in v2("0"))])), one),
+        "big-endian": torch_layout("ex", state_dict(("a", v2("0"))), one,
+                                   meta=[*META[:3], ("byteorder", b"big")]),
+        "bytes-appended": _plain() + b"junk",
+        "names-equal-when-lower-cased": torch_layout("ex", state_dict(("a", v2("0"))), one,
+                                                     meta=[*META, ("VERSION", b"3\n")]),
+        "misaligned-data": torch_layout("ex", state_dict(("a", v2("0")), ("b", v2("1"))), two,
+                                        alignment=16),
+    }
+
+
+@pytest.mark.parametrize("case", sorted(TAKEN))
+def test_lane_takes_clean_archives_with_the_general_report(
+        case: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    data = TAKEN[case]()
+    path = tmp_path / "x.pt"
+    path.write_bytes(data)
+    assert lane_takes(data)
+    fast, slow = both_paths(path, monkeypatch)
+    assert fast == slow
+    assert fast["verdict"] == "safe" and fast["tensors"]
+
+
+@pytest.mark.parametrize("case", sorted(_declined()))
+def test_lane_declines_anything_else(case: str, tmp_path: Path,
+                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    data = _declined()[case]
+    path = tmp_path / "x.pt"
+    path.write_bytes(data)
+    assert not lane_takes(data)
+    fast, slow = both_paths(path, monkeypatch)
+    assert fast == slow
+
+
+def test_declining_leaves_the_analysis_untouched() -> None:
+    an = Analysis()
+    assert not fastlane.try_torch_zip(BytesSource(_declined()["view-past-storage"]), an)
+    assert an == Analysis()
+
+
+def test_nothing_of_the_value_graph_outlives_the_scan(tmp_path: Path) -> None:
+    """No reference cycle keeps the stubs alive: they are freed without the cyclic GC."""
+    path = tmp_path / "x.pt"
+    path.write_bytes(_plain())
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        report = scan_path(path)
+        alive = [o for o in gc.get_objects() if isinstance(o, RebuildCall)]
+    finally:
+        if was:
+            gc.enable()
+    assert len(report.tensors) == 2 and alive == []
+
+
+@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_mutated_archives_get_the_general_report(data: st.DataObject, tmp_path_factory: Any) -> None:
+    base = bytearray(_nested() if data.draw(st.booleans()) else _tied_views())
+    # half the time only data.pkl changes (it starts at 64): the archive stays clean, so
+    # the lane's pickle checks, not its archive checks, decide
+    pickle_only = data.draw(st.booleans())
+    low, high = 0, len(base)
+    if pickle_only:
+        low, high = 64, base.find(b"PK\x07\x08")
+    for _ in range(data.draw(st.integers(1, 4))):
+        at = data.draw(st.integers(low, high - 1))
+        base[at] = data.draw(st.integers(0, 255))
+    if not pickle_only and data.draw(st.booleans()):
+        base = base[:data.draw(st.integers(0, len(base)))]
+    path = tmp_path_factory.mktemp("m") / "x.pt"
+    path.write_bytes(bytes(base))
+    with pytest.MonkeyPatch.context() as mp:
+        fast, slow = both_paths(path, mp)
+    assert fast == slow
+    event(f"lane took it: {lane_takes(bytes(base))}")
