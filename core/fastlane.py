@@ -27,8 +27,9 @@ from __future__ import annotations
 import logging
 import re
 from dataclasses import dataclass
-from functools import partial
+from functools import cached_property, partial
 from itertools import chain, repeat
+from operator import is_
 from typing import Any
 
 import numpy as np
@@ -195,7 +196,7 @@ class _Storages:
     def __init__(self, pids: list[Any], arc: PlainArchive) -> None:
         if not _same_type(pids, tuple) or set(map(len, pids)) - {5}:
             raise Decline("persistent id shape")
-        self.pid_ids = set(map(id, pids))
+        self.pids = pids
         tags, stypes, keys, locations, numels = zip(*pids, strict=True) if pids else ((),) * 5
         if set(tags) - {"storage"} or not _same_type(stypes, StubGlobal) \
                 or not _same_type(keys, str) or not _same_type(locations, str) \
@@ -204,9 +205,8 @@ class _Storages:
         if not all(map(_LOCATION.fullmatch, set(locations))):
             raise Decline("storage location")
         order = list(dict.fromkeys(keys))
-        if len(order) == len(pids):
-            firsts: Any = pids
-        else:   # a key met again must be the same storage (torch caches by key)
+        self.distinct = len(order) == len(pids)   # pid i declares storage i
+        if not self.distinct:   # a key met again must be the same storage (torch caches by key)
             if len(set(pids)) != len(order):
                 raise Decline("a storage key declared twice, differently")
             first = dict(zip(reversed(keys), reversed(pids), strict=True))
@@ -221,7 +221,6 @@ class _Storages:
         else:
             self.dtype = list(map(dtype_of_type.__getitem__, stypes))
         self.order, self.locations, self.numel = order, list(locations), list(numels)
-        self.position = dict(zip(order, range(len(order)), strict=True))
         self.itemsize = _itemsizes(self.dtype)
         self.numel_array = np.array(self.numel, dtype=np.int64)
         self.nbytes = self.numel_array * self.itemsize
@@ -236,6 +235,25 @@ class _Storages:
         if not np.array_equal(self.nbytes, arc.size[self.rows]):
             raise Decline("a record whose size is not numel x itemsize")
         self.data_offset = arc.data_offset[self.rows]
+
+    @cached_property
+    def pid_ids(self) -> set[int]:
+        return set(map(id, self.pids))
+
+    @cached_property
+    def position(self) -> dict[str, int]:
+        """storage key -> its row in these columns."""
+        return dict(zip(self.order, range(len(self.order)), strict=True))
+
+    def rows_of(self, storage_args: Any, keys: list[str]) -> Any:
+        """The storage row of each call's storage argument (Decline if one is not a pid)."""
+        if self.distinct and len(storage_args) == len(self.pids) \
+                and all(map(is_, storage_args, self.pids)):
+            # torch.save's layout: call i got pid i, the first (only) one of storage i
+            return np.arange(len(keys), dtype=np.int64)
+        if not set(map(id, storage_args)) <= self.pid_ids:
+            raise Decline("a tensor storage that is not a persistent id")
+        return np.fromiter(map(self.position.__getitem__, keys), dtype=np.int64, count=len(keys))
 
     def verify_chain(self, arc: PlainArchive, prefix: str, alignment: int) -> None:
         """The `calculate_storage_offsets` chain lands on every record's real offsets."""
@@ -258,13 +276,21 @@ class _Storages:
             raise Decline("a data offset differs from the calculated one")
 
     def entries(self, positions: list[int], arc: PlainArchive) -> list[StorageEntry]:
+        """StorageEntry rows for the storages at `positions` (in the order given)."""
         names = arc.names
-        rows = self.rows[positions].tolist()
+        if positions == list(range(len(self.order))):   # every storage, in pickle order
+            order, dtype, numel, locations = self.order, self.dtype, self.numel, self.locations
+            nbytes, data_offset, rows = self.nbytes, self.data_offset, self.rows
+        else:
+            pick = np.array(positions, dtype=np.int64)
+            order = list(map(self.order.__getitem__, positions))
+            dtype = list(map(self.dtype.__getitem__, positions))
+            numel = list(map(self.numel.__getitem__, positions))
+            locations = list(map(self.locations.__getitem__, positions))
+            nbytes, data_offset, rows = self.nbytes[pick], self.data_offset[pick], self.rows[pick]
         return list(map(_NEW_STORAGE, zip(
-            map(self.order.__getitem__, positions), map(self.dtype.__getitem__, positions),
-            map(self.numel.__getitem__, positions), self.nbytes[positions].tolist(),
-            map(self.locations.__getitem__, positions), map(names.__getitem__, rows),
-            self.data_offset[positions].tolist(), repeat(True))))
+            order, dtype, numel, nbytes.tolist(), locations,
+            map(names.__getitem__, rows.tolist()), data_offset.tolist(), repeat(True))))
 
 
 # NamedTuple rows built in C from zipped columns (no Python call per row)
@@ -300,32 +326,33 @@ class _Views:
         v2, v3 = loaded.calls[RebuildV2], loaded.calls[RebuildV3]
         calls = v2 + v3 if v3 else v2
         self.calls = calls
-        self.position = dict(zip(map(id, calls), range(len(calls)), strict=True))
         args = [c.args for c in v2]
         arity = set(map(len, args))
         if arity - {6, 7} or (7 in arity and any(a[6] for a in args if len(a) == 7)):
             raise Decline("_rebuild_tensor_v2 arity or metadata (conj/neg bits)")
         pids, offsets, sizes, strides, grads, hooks = (
             zip(*args, strict=False) if args else ((),) * 6)  # 6 columns; a 7th is dropped
-        self.keys = [p[2] for p in pids]
-        where = list(map(storages.position.__getitem__, self.keys))
-        self.dtypes = (list(map(storages.dtype.__getitem__, where))
-                       if len(set(storages.dtype)) > 1 else storages.dtype[:1] * len(v2))
+        dtypes: list[str] | None = None
         if v3:
             more = self._v3_columns(v3, storages)
+            dtypes = ([storages.dtype[0]] * len(v2) if len(set(storages.dtype)) == 1 else None)
             pids, offsets, sizes, strides, grads, hooks = (
                 a + b for a, b in zip((pids, offsets, sizes, strides, grads, hooks), more[:6],
                                       strict=True))
-            self.keys += more[6]
-            where += list(map(storages.position.__getitem__, more[6]))
-            self.dtypes += more[7]
-        if not set(map(id, pids)) <= storages.pid_ids or not _same_type(offsets, int) \
-                or not _same_type(sizes, tuple) or not _same_type(strides, tuple) \
-                or not _same_type(grads, bool) or not _empty_hooks(hooks):
+        if not _same_type(pids, tuple):
+            raise Decline("a tensor storage that is not a persistent id")
+        self.keys = [p[2] for p in pids]
+        index = storages.rows_of(pids, self.keys)
+        if dtypes is None:
+            dtypes = (storages.dtype[:1] * len(v2) if len(set(storages.dtype)) == 1
+                      else list(map(storages.dtype.__getitem__, index[:len(v2)].tolist())))
+        self.dtypes = dtypes + more[7] if v3 else dtypes
+        if not _same_type(offsets, int) or not _same_type(sizes, tuple) \
+                or not _same_type(strides, tuple) or not _same_type(grads, bool) \
+                or not _empty_hooks(hooks):
             raise Decline("tensor argument types")
         if list(map(len, sizes)) != list(map(len, strides)):
             raise Decline("size and stride lengths differ")
-        index = np.array(where, dtype=np.int64)
         self.storage_index = index
         self.offsets, self.grads, self.sizes, self.strides = offsets, grads, sizes, strides
         itemsize = storages.itemsize[index]
@@ -343,6 +370,11 @@ class _Views:
         self.nbytes = np.where(empty, 0, extent * itemsize)
         self.data_offset = storages.data_offset[index] + off * itemsize
         self._params(loaded.calls[RebuildParameter])
+
+    @cached_property
+    def position(self) -> dict[int, int]:
+        """id(call) -> its row in these columns."""
+        return dict(zip(map(id, self.calls), range(len(self.calls)), strict=True))
 
     @staticmethod
     def _v3_columns(v3: list[RebuildCall], storages: _Storages) -> tuple[Any, ...]:
@@ -368,9 +400,8 @@ class _Views:
         if not _same_type(grads, bool) or not _empty_hooks(hooks) \
                 or not all(isinstance(t, RebuildV2) for t in inner):
             raise Decline("_rebuild_parameter arguments")
-        position = self.position
-        if any(g and self.dtypes[position[id(t)]] not in _FLOATING
-               for t, g in zip(inner, grads, strict=True)):
+        if any(grads) and any(g and self.dtypes[self.position[id(t)]] not in _FLOATING
+                              for t, g in zip(inner, grads, strict=True)):
             raise Decline("requires_grad on a non-floating parameter")
 
 
@@ -424,24 +455,28 @@ def _walk(loaded: Loaded, views: _Views, storages: _Storages, record: str,
         paths = list(map(list, found))
     if len(values) > max_tensors:
         raise Decline("tensor cap")
-    kinds, position = loaded.kinds, views.position
+    kinds = loaded.kinds
     params = loaded.calls[RebuildParameter]
     if params:
         is_param = [kinds[type(v)] is RebuildParameter for v in values]
         inner = [v.args[0] if p else v for v, p in zip(values, is_param, strict=True)]
         kind = ["parameter" if p else "tensor" for p in is_param]
-        grads = [v.args[1] if p else views.grads[position[id(v)]]
+        grads = [v.args[1] if p else views.grads[views.position[id(v)]]
                  for v, p in zip(values, is_param, strict=True)]
         reached_params = {id(v) for v, p in zip(values, is_param, strict=True) if p}
         if len(reached_params) != len(params):
             raise Decline("a parameter the graph does not reach")
     else:
         inner, kind, grads = values, ["tensor"] * len(values), None
-    rows = np.fromiter(map(position.__getitem__, map(id, inner)), dtype=np.int64,
-                       count=len(inner))
-    # torch runs every rebuild call, reachable or not: each must be in the manifest
-    if len(views.calls) and not np.bincount(rows, minlength=len(views.calls)).all():
-        raise Decline("a rebuild call the graph does not reach")
+    calls = views.calls
+    if len(inner) == len(calls) and all(map(is_, inner, calls)):
+        rows = np.arange(len(calls), dtype=np.int64)   # torch.save: the dict's order
+    else:
+        rows = np.fromiter(map(views.position.__getitem__, map(id, inner)), dtype=np.int64,
+                           count=len(inner))
+        # torch runs every rebuild call, reachable or not: each must be in the manifest
+        if len(calls) and not np.bincount(rows, minlength=len(calls)).all():
+            raise Decline("a rebuild call the graph does not reach")
     row_list = rows.tolist()
     if grads is None:
         grads = list(map(views.grads.__getitem__, row_list))
