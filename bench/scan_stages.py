@@ -1,13 +1,18 @@
-"""Where a torch-zip scan spends its time, stage by stage (best of 3, warm, in-process).
+"""Where a torch-zip scan spends its time, stage by stage (best of N, warm, in-process).
 
-    python bench/scan_stages.py PATH.pt
+    python bench/scan_stages.py PATH.pt [--repeat N]
 
-The stages are the ones `core.formats.torch_zip.analyze_zip` runs; the sum is lower than a
-full `scan_path` by the cost of freeing the value graph.
+First the fast lane's stages (core.fastlane: archive columns, opcode walk, C unpickler
+with stubs, storage and view columns, the manifest), then the full `scan_path` with the
+lane and with the lane switched off (the general path: core.formats.torch_zip).
+The stages keep their results alive, so their sum is below `scan_path`, which also frees
+the value graph.
 """
 
 from __future__ import annotations
 
+import argparse
+import gc
 import sys
 import time
 from collections.abc import Callable
@@ -16,43 +21,66 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from core import fastlane
 from core.analysis import Analysis
-from core.formats import torch_zip
-from core.pickle_scan import scan_pickle
+from core.fastload import load
+from core.fastzip import read_plain_archive
+from core.pickle_scan import _allowed_checker
+from core.pickletoken import Decline, tokenize
 from core.scan import scan_path
 from core.source import FileSource
-from core.tensors import SiteTable, build_manifest
-from core.zipcheck import check_archive
-from core.zipdir import read_directory, read_local_headers, read_record
 
 
-def timed(label: str, fn: Callable[[], Any]) -> Any:
+def timed(label: str, fn: Callable[[], Any], repeat: int) -> Any:
     best, result = float("inf"), None
-    for _ in range(3):
+    for _ in range(repeat):
         started = time.perf_counter()
         result = fn()
         best = min(best, time.perf_counter() - started)
-    print(f"{label:<24}{best * 1000:9.1f} ms")
+    print(f"{label:<28}{best * 1000:9.1f} ms")
     return result
 
 
-def main() -> None:
-    path = Path(sys.argv[1])
+def lane_stages(path: Path, repeat: int) -> None:
     src = FileSource(path)
-    directory = timed("read_directory", lambda: read_directory(src))
-    prefix = directory.prefix()
-    locals_ = timed("read_local_headers", lambda: read_local_headers(src, directory.entries))
-    timed("check_archive", lambda: check_archive(directory, locals_, Analysis()))
-    data = timed("read data.pkl", lambda: read_record(src, directory, f"{prefix}/data.pkl"))
-    resolver = torch_zip.ZipStorageResolver(directory, prefix)
-    scan = timed("scan_pickle", lambda: scan_pickle(data, Analysis(), record="data.pkl",
-                                                    base_offset=0, resolver=resolver))
-    print(f"{'  (fast path used)':<24}{scan.fast!s:>9}")
-    storages = [(u.key, u.nbytes) for u in scan.storages]
-    sites = timed("storage sites + chain", lambda: torch_zip._storage_sites(
-        src, directory, prefix, {".format_version": b"1"}, locals_, storages, Analysis()))
-    timed("build_manifest", lambda: build_manifest(scan.root, SiteTable(sites), Analysis()))
-    timed("scan_path (total)", lambda: scan_path(path))
+    limits = Analysis().options.limits
+    arc = timed("archive columns", lambda: read_plain_archive(src, limits), repeat)
+    row = arc.folded[f"{arc.prefix}/data.pkl".lower()]
+    data = src.read_at(int(arc.data_offset[row]), int(arc.size[row]))
+    allowed = _allowed_checker(frozenset())
+    timed("opcode walk (tokenize)", lambda: tokenize(data, allowed), repeat)
+    loaded = timed("walk + C unpickler", lambda: load(data, allowed), repeat)
+    storages = timed("storage columns + chain", lambda: _storages(loaded, arc), repeat)
+    views = timed("view columns", lambda: fastlane._Views(loaded, storages), repeat)
+    found = timed("names + TensorEntry rows", lambda: fastlane._walk(
+        loaded, views, storages, "x", limits.max_tensors), repeat)
+    timed("StorageEntry rows", lambda: storages.entries(found[1], arc), repeat)
+
+
+def _storages(loaded: Any, arc: Any) -> Any:
+    st = fastlane._Storages(loaded.pids, arc)
+    st.verify_chain(arc, arc.prefix, 64)
+    return st
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("path", type=Path)
+    parser.add_argument("--repeat", type=int, default=5)
+    args = parser.parse_args()
+    gc.disable()   # as during a scan (core.scan pauses the collector)
+    try:
+        lane_stages(args.path, args.repeat)
+    except Decline as exc:
+        print(f"the fast lane declines this file: {exc}")
+    gc.enable()
+    timed("scan_path (fast lane)", lambda: scan_path(args.path), args.repeat)
+    original = fastlane.try_torch_zip
+    fastlane.try_torch_zip = lambda source, an: False  # type: ignore[assignment]
+    try:
+        timed("scan_path (general path)", lambda: scan_path(args.path), args.repeat)
+    finally:
+        fastlane.try_torch_zip = original
 
 
 if __name__ == "__main__":
