@@ -201,11 +201,13 @@ def read_plain_archive(source: ByteSource, limits: Limits) -> PlainArchive:
             or joined.count(b"\n" + prefix + b"/") != n_total - 1:
         raise Decline("prefix or name components")
     names = joined.decode("ascii").split("\n")
-    lowered = joined.lower().decode("ascii").split("\n")
-    folded = dict(zip(lowered, range(n_total), strict=True))
+    index = dict(zip(names, range(n_total), strict=True))
+    lowered = joined.lower()
+    # miniz compares names case-insensitively: no two may fold alike
+    folded = index if lowered == joined else dict(
+        zip(lowered.decode("ascii").split("\n"), range(n_total), strict=True))
     if len(folded) != n_total:
         raise Decline("names equal when lower-cased")
-    index = dict(zip(names, range(n_total), strict=True))
     name_len = np.fromiter(map(len, names), dtype=np.int64, count=len(names))
     span = LOCAL_SIZE + name_len
     chunks = _chunks(header, span, source.size)
