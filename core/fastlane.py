@@ -50,7 +50,7 @@ from core.fastload import (
 )
 from core.fastzip import DESCRIPTOR_SIZE, PlainArchive, read_plain_archive
 from core.names import python_map
-from core.pickletoken import Decline
+from core.pickletoken import Decline, Tokens
 from core.report import StorageEntry, TensorEntry
 from core.source import ByteSource
 from core.tensors import segment as tensor_segment
@@ -94,7 +94,7 @@ class _Result:
     """Everything the report needs; written into the Analysis only once all checks passed."""
 
     pkl_name: str
-    loaded: Loaded
+    tokens: Tokens
     base: int                  # file offset of data.pkl
     tensors: list[TensorEntry]
     storages: list[StorageEntry]
@@ -103,7 +103,7 @@ class _Result:
     def commit(self, an: Analysis) -> None:
         from core.pickle_scan import set_weights_only
 
-        toks = self.loaded.tokens
+        toks = self.tokens
         proto = toks.protocol or 0
         uses = [GlobalUse(*python_map(raw_module, raw_name, proto), raw_module, raw_name,
                           "GLOBAL", self.base + pos)
@@ -149,7 +149,9 @@ def _judge(source: ByteSource, an: Analysis) -> _Result:
     if loaded.tokens.end != len(data):
         raise Decline("bytes after STOP")
     storages = _Storages(loaded.pids, arc)
-    known = {row for r in _KNOWN_RECORDS if (row := row_of(r)) is not None}
+    # every record is torch's own (by its exact name, as the general path judges it) or
+    # the storage of a persistent id
+    known = {row for r in _KNOWN_RECORDS if (row := arc.index.get(f"{prefix}/{r}")) is not None}
     if len(known) + len(storages.rows) != len(arc.names) \
             or len(known | set(storages.rows.tolist())) != len(arc.names):
         raise Decline("a record the pickle does not reference")
@@ -157,7 +159,7 @@ def _judge(source: ByteSource, an: Analysis) -> _Result:
     views = _Views(loaded, storages)
     tensors, used = _walk(loaded, views, storages, arc.names[pkl_row], limits.max_tensors)
     entries = storages.entries(used, arc)
-    return _Result(arc.names[pkl_row], loaded, base, tensors, entries, len(arc.names))
+    return _Result(arc.names[pkl_row], loaded.tokens, base, tensors, entries, len(arc.names))
 
 
 def _read_meta(source: ByteSource, arc: PlainArchive, row_of: Any) -> dict[str, bytes]:
@@ -226,11 +228,8 @@ class _Storages:
         self.nbytes = self.numel_array * self.itemsize
         prefix = f"{arc.prefix}/data/"
         rows = list(map(arc.index.get, [prefix + k for k in order]))
-        if None in rows:   # not under its exact name: miniz matches case-insensitively
-            rows = [r if r is not None else arc.folded.get(f"{prefix}{k}".lower())
-                    for r, k in zip(rows, order, strict=True)]
-            if None in rows:
-                raise Decline("a storage without its record")
+        if None in rows:   # missing, or only under another case (miniz would find it)
+            raise Decline("a storage without a record of its exact name")
         self.rows = np.array(rows, dtype=np.int64)
         if not np.array_equal(self.nbytes, arc.size[self.rows]):
             raise Decline("a record whose size is not numel x itemsize")

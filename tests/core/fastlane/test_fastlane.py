@@ -109,6 +109,11 @@ def _declined() -> dict[str, bytes]:
         "bytes-appended": _plain() + b"junk",
         "names-equal-when-lower-cased": torch_layout("ex", state_dict(("a", v2("0"))), one,
                                                      meta=[*META, ("VERSION", b"3\n")]),
+        # torch finds "VERSION" (miniz folds case), the general path calls it unreferenced
+        "meta-name-in-upper-case": torch_layout("ex", state_dict(("a", v2("0"))), one,
+                                                meta=[("VERSION", b"3\n"), *META[1:]]),
+        "storage-name-in-upper-case": torch_layout("ex", state_dict(("a", v2("0"))), [],
+                                                   meta=[*META, ("DATA/0", F8)]),
         "misaligned-data": torch_layout("ex", state_dict(("a", v2("0")), ("b", v2("1"))), two,
                                         alignment=16),
     }
