@@ -256,12 +256,17 @@ class _Builder:
                 seen.add(id(value))
                 extend(reversed([((*path, i), v) for i, v in enumerate(value)]))
             elif isinstance(value, (dict, list, tuple)):
-                # subclasses (core.fastpath builds OrderedDict/list stand-ins): same as the base
+                # subclasses (core.fastpath builds OrderedDict/list stand-ins): same as the
+                # base, then the attributes a BUILD set (as for a Call's state)
                 if id(value) in seen:
                     continue
                 seen.add(id(value))
                 items = value.items() if isinstance(value, dict) else enumerate(value)
-                extend(reversed([((*path, segment(k)), v) for k, v in items]))
+                children = [((*path, segment(k)), v) for k, v in items]
+                attributes = getattr(value, "__dict__", None)
+                if attributes:
+                    children += [((*path, segment(k)), v) for k, v in attributes.items()]
+                extend(reversed(children))
 
     # --- one tensor ------------------------------------------------------------------
     def fast_v2(self, path: _Path, call: Call) -> bool:

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from core import fastlane
+from core import fastlane, pickle_scan
 from core.analysis import Analysis
 from core.fastload import RebuildCall
 from core.scan import scan_path
@@ -67,7 +67,16 @@ def _tied_views() -> bytes:
     return torch_layout("ex", pkl, [("0", b"\x00" * 16)])
 
 
-TAKEN = {"plain": _plain, "nested": _nested, "parameter": _parameter, "tied-views": _tied_views}
+def _ordereddict_attribute() -> bytes:
+    """A module state_dict: OrderedDict items, then BUILD sets attributes (here a tensor)."""
+    pkl = asm(("PROTO", 2), ("GLOBAL", "collections", "OrderedDict"), "EMPTY_TUPLE", "REDUCE",
+              "MARK", ("BINUNICODE", "w"), *v2("0"), "SETITEMS",
+              "EMPTY_DICT", ("BINUNICODE", "_extra"), *v2("1"), "SETITEM", "BUILD", "STOP")
+    return torch_layout("ex", pkl, [("0", F8), ("1", F8)])
+
+
+TAKEN = {"plain": _plain, "nested": _nested, "parameter": _parameter, "tied-views": _tied_views,
+         "ordereddict-attribute": _ordereddict_attribute}
 
 
 def _declined() -> dict[str, bytes]:
@@ -129,6 +138,8 @@ def test_lane_takes_clean_archives_with_the_general_report(
     fast, slow = both_paths(path, monkeypatch)
     assert fast == slow
     assert fast["verdict"] == "safe" and fast["tensors"]
+    if case == "ordereddict-attribute":   # attributes set by BUILD are children too
+        assert [t["name"] for t in fast["tensors"]] == ["w", "_extra"]
 
 
 @pytest.mark.parametrize("case", sorted(_declined()))
@@ -140,6 +151,18 @@ def test_lane_declines_anything_else(case: str, tmp_path: Path,
     assert not lane_takes(data)
     fast, slow = both_paths(path, monkeypatch)
     assert fast == slow
+
+
+@pytest.mark.parametrize("case", sorted(TAKEN))
+def test_lane_equals_the_exact_interpreters(case: str, tmp_path: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not only the general path's C-speed fast path: the exact emulation agrees too."""
+    path = tmp_path / "x.pt"
+    path.write_bytes(TAKEN[case]())
+    fast = comparable(path)
+    monkeypatch.setattr(fastlane, "try_torch_zip", lambda source, an: False)
+    monkeypatch.setattr(pickle_scan, "_try_fast", lambda *args, **kwargs: None)
+    assert comparable(path) == fast
 
 
 def test_declining_leaves_the_analysis_untouched() -> None:
