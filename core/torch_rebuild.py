@@ -10,7 +10,8 @@ raises `Fail` with type "Unmodelled" — never a guessed "loadable".
 Modelled (tests/differential): `_rebuild_tensor`/`_v2`/`_v3` (arity, storage type, set_
 checks: size/stride lengths, offset, negative stride, empty stride = contiguous, bounds
 on a non-resizable storage, requires_grad, metadata), `_rebuild_parameter[_with_state]`,
-`_rebuild_qtensor` (per-tensor / per-channel affine), `_rebuild_sparse_tensor`,
+`_rebuild_qtensor` (per-tensor / per-channel affine and float qparams, sub-byte packed
+bounds), `_rebuild_sparse_tensor`,
 `_rebuild_meta_tensor_no_storage`, `_rebuild_from_type_v2` (plain Tensor with attributes,
 user-allowlisted subclasses), OrderedDict/Counter/set/complex/bytearray/_codecs.encode/
 torch.Size/torch.device/_get_layout, calling a dtype/qscheme/StorageType. Unmodelled:
@@ -70,6 +71,11 @@ ndim output_nr real requires_grad retains_grad shape volatile""".split())
 _SPARSE_LAYOUTS = frozenset(("torch.sparse_coo", "torch.sparse_csr", "torch.sparse_csc", "torch.sparse_bsr",
                              "torch.sparse_bsc"))
 _QDTYPES = frozenset(("qint8", "quint8", "qint32", "quint4x2", "quint2x4"))
+_PACKED = {"quint4x2": 2, "quint2x4": 4}   # elements per byte
+_REAL_FLOATING = frozenset(("float64", "float32", "float16", "bfloat16"))
+# per-channel qparam tensor dtypes whose behaviour was measured (others: Unmodelled)
+_QPARAM_DTYPES = _REAL_FLOATING | frozenset(("int64", "int32", "int16", "int8", "uint8", "bool",
+                                             "complex64", "complex128"))
 
 
 class Fail(Exception):
@@ -258,13 +264,17 @@ def _check_view(st: StorageInfo, itemsize: int, offset: Any, size: Any, stride: 
     extent = offset + 1 + sum((s - 1) * d for s, d in zip(shape, strides, strict=True))
     if extent * itemsize >= _INT64_SAFE:
         raise unmodelled("storage extent near int64 overflow")
-    if extent * itemsize > st.nbytes:
+    # sub-byte quantized dtypes pack several elements per byte: the bytes needed round up
+    # (measured with torch 2.13: quint4x2 needs ceil(elements / 2), quint2x4 ceil(elements / 4))
+    per_byte = _PACKED.get(st.dtype, 1) if quantized else 1
+    needed = -(-extent // per_byte) if per_byte > 1 else extent * itemsize
+    if needed > st.nbytes:
         if st.resizable:
             raise unmodelled("view past the end of a resizable (legacy) storage")
         if quantized:  # QTensorImpl's set_storage checks bounds itself
             raise Fail("RuntimeError", f"setStorage: sizes {_arr(shape)}, strides {_arr(strides)}, storage "
                        f"offset {offset}, and itemsize {itemsize} requiring a storage size of "
-                       f"{extent * itemsize} are out of bounds for storage of size {st.nbytes}")
+                       f"{needed} are out of bounds for storage of size {st.nbytes}")
         raise Fail("RuntimeError", "Trying to resize storage that is not resizable")
     return shape
 
@@ -453,20 +463,25 @@ def _rebuild_qtensor(func: Global, args: tuple[Any, ...], so: StorageOf, opcode:
         if st.dtype not in _QDTYPES and st.dtype in ITEMSIZE and all(x >= 0 for x in shape):
             raise Fail("RuntimeError", "Creation of quantized tensor requires quantized dtype like "
                        "torch.quint8")
-    elif scheme == "torch.per_channel_affine" and len(q) == 4 and _is_int(q[3]):
+    elif scheme in ("torch.per_channel_affine", "torch.per_channel_affine_float_qparams") \
+            and len(q) == 4 and _is_int(q[3]):
         axis = q[3]
         if not 0 <= axis < len(shape):
             raise Fail("ValueError", f"_rebuild_qtensor: per_channel axis {axis} out of range for size "
                        f"{shape}")
         scales, zps = q[1], q[2]
-        if not (_is_tensor(scales, frozenset(("float64",))) and _is_tensor(zps, frozenset(("int64",)))):
-            raise unmodelled("per-channel qparams that are not float64/int64 tensors")
+        if not (_is_tensor(scales, _QPARAM_DTYPES) and _is_tensor(zps, _QPARAM_DTYPES)):
+            raise unmodelled("per-channel qparams that are not tensors of a measured dtype")
         ns, nz = _numel(scales.attrs.get("shape")), _numel(zps.attrs.get("shape"))
         if ns is None or nz is None or len(scales.attrs["shape"]) != 1 or len(zps.attrs["shape"]) != 1:
             raise unmodelled("per-channel qparams of odd shape")
         if ns != shape[axis] or nz != shape[axis]:
             raise Fail("ValueError", "_rebuild_qtensor: per_channel scales/zero_points length must equal "
                        f"size[axis]={shape[axis]}, got scales={ns}, zero_points={nz}")
+        # measured with torch 2.13 over both schemes and every q dtype: any zero-point dtype
+        # is accepted, scales must be a real floating dtype
+        if scales.attrs.get("dtype") not in _REAL_FLOATING:
+            raise Fail("RuntimeError", "scale tensor must be floating point")
     else:
         raise unmodelled(f"_rebuild_qtensor with qscheme {scheme}")
     if any(x < 0 for x in shape) or args[5] is not False or st.dtype not in _QDTYPES:

@@ -348,10 +348,6 @@ def _torch_weights_only_loads(path: Path) -> bool:
 
 # Scan disagrees with torch here (core.torch_rebuild, not the manifest); strict: a fix makes these XPASS.
 _WO_GAPS = {
-    "q-tensor-quint4x2": "packed quint4x2 storages: bounds checked as 1 element per byte",
-    "q-tensor-quint4x2-odd": "packed quint4x2 storages: bounds checked as 1 element per byte",
-    "q-tensor-quint2x4": "packed quint2x4 storages: bounds checked as 1 element per byte",
-    "q-float-qparams": "per-channel float qparams (float32 scales/zero points) not modelled",
     "nested": "_rebuild_nested_tensor not modelled",
     "nested-int": "_rebuild_nested_tensor not modelled",
 }

@@ -289,6 +289,29 @@ add("qtensor:axis", pk(*qt(["MARK", g("torch.per_channel_affine"), "NONE", "NONE
 add("qtensor:float-storage", pk(*call("torch._utils._rebuild_qtensor", pid(), i(0), ints((4,)), ints((1,)),
                                       ["MARK", g("torch.per_tensor_affine"), ("BINFLOAT", 0.5), *i(3),
                                        "TUPLE"], ["NEWFALSE"], od())), {"data/0": F16})
+# sub-byte quantized storages: bounds are ceil(elements / per-byte) bytes (torch 2.13)
+for storage, per_byte in (("torch.QUInt4x2Storage", 2), ("torch.QUInt2x4Storage", 4)):
+    for n, off, stride, nbytes in ((6, 0, 1, 3), (7, 0, 1, 3), (6, 1, 1, 3), (1, 5, 1, 3),
+                                   (1, 6, 1, 3), (4, 0, 3, 3), (12, 0, 1, 3), (13, 0, 1, 3),
+                                   (8, 0, 1, 2), (9, 0, 1, 2)):
+        add(f"qtensor:packed-{per_byte}-{n}-{off}-{stride}-{nbytes}", pk(*call(
+            "torch._utils._rebuild_qtensor", pid(storage, numel=nbytes), i(off), ints((n,)),
+            ints((stride,)), ["MARK", g("torch.per_tensor_affine"), ("BINFLOAT", 0.5), *i(3), "TUPLE"],
+            ["NEWFALSE"], od())), {"data/0": b"\0" * nbytes})
+# per-channel qparams as tensors: which dtypes torch accepts for scales / zero points
+_TENSOR_OF = {"f64": "torch.DoubleStorage", "f32": "torch.FloatStorage", "f16": "torch.HalfStorage",
+              "bf16": "torch.BFloat16Storage", "i64": "torch.LongStorage", "i32": "torch.IntStorage",
+              "u8": "torch.ByteStorage", "b": "torch.BoolStorage", "c64": "torch.ComplexFloatStorage"}
+_BYTES = {"f64": 8, "f32": 4, "f16": 2, "bf16": 2, "i64": 8, "i32": 4, "u8": 1, "b": 1, "c64": 8}
+for scheme in ("torch.per_channel_affine", "torch.per_channel_affine_float_qparams"):
+    for sd, zd in (("f64", "i64"), ("f32", "f32"), ("f16", "i32"), ("bf16", "b"), ("f32", "c64"),
+                   ("i64", "i64"), ("b", "f32"), ("c64", "f32"), ("u8", "u8")):
+        add(f"qtensor:channel-{scheme.rsplit('.', 1)[1]}-{sd}-{zd}", pk(*call(
+            "torch._utils._rebuild_qtensor", pid(QS, numel=4), i(0), ints((2, 2)), ints((2, 1)),
+            ["MARK", g(scheme), *v2(pid(_TENSOR_OF[sd], key="1", numel=2), size=(2,)),
+             *v2(pid(_TENSOR_OF[zd], key="2", numel=2), size=(2,)), *i(0), "TUPLE"],
+            ["NEWFALSE"], od())),
+            {"data/0": b"\0" * 4, "data/1": b"\0" * 2 * _BYTES[sd], "data/2": b"\0" * 2 * _BYTES[zd]})
 add("meta:ok", pk(*call("torch._utils._rebuild_meta_tensor_no_storage", [g("torch.float32")], ints((2, 3)),
                         ints((3, 1)), ["NEWFALSE"])))
 add("from_type:attr", pk(*call("torch._tensor._rebuild_from_type_v2", [g("torch._utils._rebuild_tensor_v2")],
