@@ -44,7 +44,6 @@ from core.fastload import (
     RebuildParameter,
     RebuildV2,
     RebuildV3,
-    StubDict,
     StubGlobal,
     load,
 )
@@ -348,7 +347,7 @@ class _Views:
         self.dtypes = dtypes + more[7] if v3 else dtypes
         if not _same_type(offsets, int) or not _same_type(sizes, tuple) \
                 or not _same_type(strides, tuple) or not _same_type(grads, bool) \
-                or not _empty_hooks(hooks):
+                or not _empty_hooks(hooks, loaded):
             raise Decline("tensor argument types")
         if list(map(len, sizes)) != list(map(len, strides)):
             raise Decline("size and stride lengths differ")
@@ -368,7 +367,7 @@ class _Views:
             raise Decline("requires_grad on a non-floating tensor")
         self.nbytes = np.where(empty, 0, extent * itemsize)
         self.data_offset = storages.data_offset[index] + off * itemsize
-        self._params(loaded.calls[RebuildParameter])
+        self._params(loaded.calls[RebuildParameter], loaded)
 
     @cached_property
     def position(self) -> dict[int, int]:
@@ -391,12 +390,12 @@ class _Views:
         names = [d[1] for d in dtypes]
         return pids, offsets, sizes, strides, grads, hooks, [p[2] for p in pids], names
 
-    def _params(self, params: list[RebuildCall]) -> None:
+    def _params(self, params: list[RebuildCall], loaded: Loaded) -> None:
         args = [p.args for p in params]
         if set(map(len, args)) - {3}:
             raise Decline("_rebuild_parameter arity")
         inner, grads, hooks = zip(*args, strict=True) if args else ((),) * 3
-        if not _same_type(grads, bool) or not _empty_hooks(hooks) \
+        if not _same_type(grads, bool) or not _empty_hooks(hooks, loaded) \
                 or not all(isinstance(t, RebuildV2) for t in inner):
             raise Decline("_rebuild_parameter arguments")
         if any(grads) and any(g and self.dtypes[self.position[id(t)]] not in _FLOATING
@@ -404,8 +403,11 @@ class _Views:
             raise Decline("requires_grad on a non-floating parameter")
 
 
-def _empty_hooks(hooks: Any) -> bool:
-    return _same_type(hooks, StubDict) and not any(hooks) and not any(map(vars, hooks))
+def _empty_hooks(hooks: Any, loaded: Loaded) -> bool:
+    """Every backward_hooks argument is an `OrderedDict()` nothing was added to."""
+    attributes = loaded.attributes
+    return _same_type(hooks, loaded.dict_type) and not any(hooks) and not (
+        attributes and any(id(h) in attributes for h in hooks))
 
 
 def _extents(sizes: Any, strides: Any) -> tuple[Any, Any]:
@@ -493,8 +495,8 @@ def _walk(loaded: Loaded, views: _Views, storages: _Storages, record: str,
 def _flat_state_dict(loaded: Loaded) -> tuple[list[str], list[Any]] | None:
     """The common root, a dict of str -> tensor, without walking it; None for any other."""
     root = loaded.root
-    if (type(root) is not dict and type(root) is not StubDict) or (
-            type(root) is StubDict and vars(root)):
+    if (type(root) is not dict and type(root) is not loaded.dict_type) \
+            or id(root) in loaded.attributes:
         return None
     keys, values = list(root), list(root.values())
     if not _same_type(keys, str) or not set(map(type, values)) <= loaded.kinds.keys():
@@ -505,7 +507,7 @@ def _flat_state_dict(loaded: Loaded) -> tuple[list[str], list[Any]] | None:
 def _found(loaded: Loaded, pid_ids: set[int], max_tensors: int
            ) -> tuple[list[tuple[Any, ...]], list[Any]]:
     """(path, tensor) pairs of the general walk, in document order (core.tensors' rules)."""
-    kinds = loaded.kinds
+    kinds, dict_type, attributes = loaded.kinds, loaded.dict_type, loaded.attributes
     paths: list[tuple[Any, ...]] = []
     values: list[Any] = []
     stack: list[tuple[tuple[Any, ...], Any]] = [((), loaded.root)]
@@ -525,10 +527,11 @@ def _found(loaded: Loaded, pid_ids: set[int], max_tensors: int
         if id(value) in seen:
             continue
         seen.add(id(value))
-        if t is dict or t is StubDict:
+        if t is dict or t is dict_type:
             items = [((*path, _segment(k)), v) for k, v in value.items()]
-            if t is StubDict and vars(value):
-                items += [((*path, _segment(k)), v) for k, v in vars(value).items()]
+            built = attributes.get(id(value)) if t is dict_type else None
+            if built is not None:   # BUILD set attributes: children after the items
+                items += [((*path, _segment(k)), v) for k, v in built[1].items()]
             stack.extend(reversed(items))
         elif t is tuple or t is CheckedList:
             if id(value) in pid_ids:

@@ -50,14 +50,17 @@ class StubDict(dict[Any, Any]):
     """`OrderedDict()`: a dict. `dict.clear` as `__init__` takes no arguments, so
     `OrderedDict(pairs)` raises in C (the exact path models it) and `OrderedDict()` costs
     no Python frame. (`object.__init__` would not do: it accepts arguments silently when
-    the class's `__new__` is not object's.)"""
+    the class's `__new__` is not object's.) No `__dict__`: BUILD's attributes go to the
+    per-load `attributes` table, so the 10k empty hook dicts of a state_dict stay small."""
 
+    __slots__ = ()
     __init__ = dict.clear  # type: ignore[assignment]
+    attributes: dict[int, tuple[StubDict, dict[Any, Any]]]
 
     def __setstate__(self, state: Any) -> None:   # BUILD: torch updates __dict__
         if type(state) is not dict:
             raise Decline("BUILD on OrderedDict with a non-dict state")
-        self.__dict__.update(state)
+        self.attributes.setdefault(id(self), (self, {}))[1].update(state)
 
 
 class CheckedList(list[Any]):
@@ -105,6 +108,8 @@ class Loaded:
     pids: list[Any]                       # every persistent id, in load order
     calls: dict[type[RebuildCall], list[RebuildCall]]   # every rebuild call, per function
     kinds: dict[type, type[RebuildCall]]  # this load's stub class -> its base above
+    dict_type: type[StubDict]             # this load's OrderedDict stand-in
+    attributes: dict[int, tuple[StubDict, dict[Any, Any]]]  # id -> (OrderedDict, BUILD state)
 
 
 class _StubUnpickler(pickle.Unpickler):
@@ -140,7 +145,9 @@ def load(data: bytes, allowed: Callable[[str], bool]) -> Loaded:
         stub = type(base.__name__, (base,), {"__slots__": (), "made": made[base]})
         stubs[key] = stub
         kinds[stub] = base
-    stubs[("collections", "OrderedDict")] = StubDict
+    attributes: dict[int, tuple[StubDict, dict[Any, Any]]] = {}
+    dict_type = type("OrderedDict", (StubDict,), {"__slots__": (), "attributes": attributes})
+    stubs[("collections", "OrderedDict")] = dict_type
     stubs[("__ckptguard__", "list")] = CheckedList
 
     source = toks.rewritten if toks.rewritten is not None else data[:toks.end]
@@ -162,4 +169,6 @@ def load(data: bytes, allowed: Callable[[str], bool]) -> Loaded:
         calls = {base: list(found) for base, found in made.items()}
         for found in made.values():
             found.clear()
-    return Loaded(root, toks, pids, calls, kinds)
+        built = dict(attributes)
+        attributes.clear()
+    return Loaded(root, toks, pids, calls, kinds, dict_type, built)
