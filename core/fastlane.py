@@ -68,6 +68,7 @@ _FLOATING = frozenset(("float64", "float32", "float16", "bfloat16", "complex128"
 _PACKED = frozenset(("quint4x2", "quint2x4"))
 _MAX_DIM = 64
 _MAX_EXTENT = 1 << 28        # sizes/strides below this keep every sum inside int64
+_MAX_NUMEL = 1 << 32         # records here are < 4 GiB (no zip64): larger numels cannot match
 _SCALARS = frozenset((str, int, float, bool, type(None), bytes, complex, StubGlobal))
 _LOCAL_HEADER = 30
 _FB_HEADER = 4
@@ -203,6 +204,8 @@ class _Storages:
                 or not _same_type(keys, str) or not _same_type(locations, str) \
                 or not _same_type(numels, int) or (numels and min(numels) < 0):
             raise Decline("persistent id fields")
+        if numels and max(numels) >= _MAX_NUMEL:   # keeps numel x itemsize exact in int64
+            raise Decline("a storage larger than any record of this lane")
         if not all(map(_LOCATION.fullmatch, set(locations))):
             raise Decline("storage location")
         order = list(dict.fromkeys(keys))
@@ -357,6 +360,8 @@ class _Views:
         if v3:
             itemsize = _itemsizes(self.dtypes)
         extent, empty = _extents(sizes, strides)
+        if offsets and max(offsets) >= _MAX_NUMEL:   # keeps offset + extent exact in int64
+            raise Decline("a storage offset past any record of this lane")
         off = np.array(offsets, dtype=np.int64) if offsets else np.zeros(0, np.int64)
         # in elements of the tensor's dtype: (offset + extent) * itemsize <= storage bytes
         limit = storages.nbytes[index] // itemsize

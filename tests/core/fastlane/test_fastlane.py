@@ -123,6 +123,9 @@ def _declined() -> dict[str, bytes]:
                                                 meta=[("VERSION", b"3\n"), *META[1:]]),
         "storage-name-in-upper-case": torch_layout("ex", state_dict(("a", v2("0"))), [],
                                                    meta=[*META, ("DATA/0", F8)]),
+        # numel x 4 wraps to 8 in int64 arithmetic: torch sees a size mismatch
+        "numel-that-wraps": torch_layout("ex", state_dict(("a", v2("0", numel=(1 << 62) + 2))), one),
+        "offset-that-wraps": torch_layout("ex", state_dict(("a", v2("0", offset=(1 << 63) - 1))), one),
         "misaligned-data": torch_layout("ex", state_dict(("a", v2("0")), ("b", v2("1"))), two,
                                         alignment=16),
     }

@@ -60,12 +60,16 @@ def v2(key: str, *, numel: int = 2, offset: int = 0, size: Sequence[int] = (2,),
     """Opcodes of `_rebuild_tensor_v2(pid, offset, size, stride, rg, OrderedDict())`."""
     return [("GLOBAL", "torch._utils", "_rebuild_tensor_v2"), "MARK",
             "MARK", ("BINUNICODE", "storage"), ("GLOBAL", "torch", storage),
-            ("BINUNICODE", key), ("BINUNICODE", "cpu"), ("BININT", numel), "TUPLE", "BINPERSID",
-            ("BININT", offset), "MARK", *(("BININT", n) for n in size), "TUPLE",
-            "MARK", *(("BININT", n) for n in stride), "TUPLE",
+            ("BINUNICODE", key), ("BINUNICODE", "cpu"), _int(numel), "TUPLE", "BINPERSID",
+            _int(offset), "MARK", *(_int(n) for n in size), "TUPLE",
+            "MARK", *(_int(n) for n in stride), "TUPLE",
             "NEWTRUE" if requires_grad else "NEWFALSE",
             ("GLOBAL", "collections", "OrderedDict"), "EMPTY_TUPLE", "REDUCE",
             "TUPLE", "REDUCE"]
+
+
+def _int(n: int) -> tuple[str, int]:
+    return ("BININT", n) if -(1 << 31) <= n < (1 << 31) else ("LONG1", n)
 
 
 def state_dict(*items: tuple[str, list[object]], extra: Sequence[object] = ()) -> bytes:
