@@ -117,7 +117,7 @@ class _StubUnpickler(pickle.Unpickler):
     cycle, or the whole value graph would wait for the cyclic GC to be freed."""
 
     def __init__(self, file: Any, stubs: dict[tuple[str, str], Any], pids: list[Any]) -> None:
-        super().__init__(file, fix_imports=False, encoding="bytes")
+        super().__init__(file, fix_imports=False, encoding="utf-8")  # as torch.load decodes
         self.stubs = stubs
         self.pids = pids
 

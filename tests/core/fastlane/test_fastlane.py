@@ -75,7 +75,15 @@ def _ordereddict_attribute() -> bytes:
     return torch_layout("ex", pkl, [("0", F8), ("1", F8)])
 
 
-TAKEN = {"plain": _plain, "nested": _nested, "parameter": _parameter, "tied-views": _tied_views,
+def _binstring_key() -> bytes:
+    """A key written as SHORT_BINSTRING (utf-8 bytes): named by its decoded text."""
+    pkl = asm(("PROTO", 2), "EMPTY_DICT", ("SHORT_BINSTRING", "größe".encode()), *v2("0"),
+              "SETITEM", "STOP")
+    return torch_layout("ex", pkl, [("0", F8)])
+
+
+TAKEN = {"binstring-key": _binstring_key, "plain": _plain, "nested": _nested,
+         "parameter": _parameter, "tied-views": _tied_views,
          "ordereddict-attribute": _ordereddict_attribute}
 
 
@@ -126,6 +134,9 @@ def _declined() -> dict[str, bytes]:
         # numel x 4 wraps to 8 in int64 arithmetic: torch sees a size mismatch
         "numel-that-wraps": torch_layout("ex", state_dict(("a", v2("0", numel=(1 << 62) + 2))), one),
         "offset-that-wraps": torch_layout("ex", state_dict(("a", v2("0", offset=(1 << 63) - 1))), one),
+        # SHORT_BINSTRING: torch decodes it as utf-8 (torch.load's encoding): invalid -> refused
+        "key-not-utf8": torch_layout("ex", asm(
+            ("PROTO", 2), "EMPTY_DICT", ("SHORT_BINSTRING", b"\xff"), *v2("0"), "SETITEM", "STOP"), one),
         "misaligned-data": torch_layout("ex", state_dict(("a", v2("0")), ("b", v2("1"))), two,
                                         alignment=16),
     }
