@@ -221,3 +221,59 @@ def test_mutated_archives_get_the_general_report(data: st.DataObject, tmp_path_f
         fast, slow = both_paths(path, mp)
     assert fast == slow
     event(f"lane took it: {lane_takes(bytes(base))}")
+
+
+# Generated state_dicts around the lane's value checks: sizes, strides, offsets and numels
+# at and past the bounds (and past int64), storage types, grads, key encodings, duplicate
+# keys, nesting. Whatever the lane decides, the report must be the general path's.
+_STORAGES = {"FloatStorage": 4, "LongStorage": 8, "HalfStorage": 2, "BoolStorage": 1,
+             "ComplexDoubleStorage": 16}
+_BIG = st.sampled_from([0, 1, 2, 3, 7, (1 << 28) - 1, 1 << 28, (1 << 31) - 1, 1 << 32,
+                        (1 << 62) + 2, (1 << 63) - 1, 1 << 64])
+
+
+def _small_or_big(draw: st.DrawFn, small: int) -> int:
+    return draw(_BIG) if draw(st.integers(0, 7)) == 0 else draw(st.integers(0, small))
+
+
+@st.composite
+def _tensor_ops(draw: st.DrawFn, key: str) -> tuple[list[object], bytes]:
+    storage = draw(st.sampled_from(sorted(_STORAGES)))
+    numel = _small_or_big(draw, 8)
+    dims = draw(st.integers(0, 3))
+    size = tuple(_small_or_big(draw, 3) for _ in range(dims))
+    stride = tuple(_small_or_big(draw, 2) for _ in range(dims))
+    ops = v2(key, numel=numel, offset=_small_or_big(draw, 2), size=size, stride=stride,
+             requires_grad=draw(st.integers(0, 3)) == 0, storage=storage)
+    nbytes = numel * _STORAGES[storage]
+    if nbytes > 256 or draw(st.integers(0, 9)) == 0:   # a record of the wrong size
+        nbytes = draw(st.integers(0, 16))
+    return ops, b"\0" * nbytes
+
+
+@st.composite
+def _state_dicts(draw: st.DrawFn) -> bytes:
+    count = draw(st.integers(1, 4))
+    body: list[object] = [("PROTO", 2), "EMPTY_DICT", "MARK"]
+    records = []
+    for i in range(count):
+        ops, data = draw(_tensor_ops(str(i)))
+        name = f"w{i}" if draw(st.integers(0, 5)) else draw(st.sampled_from(["w0", "größe"]))
+        key = ("SHORT_BINSTRING", name.encode()) if draw(st.booleans()) else ("BINUNICODE", name)
+        if draw(st.integers(0, 4)) == 0:   # nested one level down
+            body += [key, "EMPTY_DICT", ("BINUNICODE", "inner"), *ops, "SETITEM"]
+        else:
+            body += [key, *ops]
+        records.append((str(i), data))
+    return torch_layout("ex", asm(*body, "SETITEMS", "STOP"), records)
+
+
+@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=_state_dicts())
+def test_generated_state_dicts_get_the_general_report(data: bytes, tmp_path_factory: Any) -> None:
+    path = tmp_path_factory.mktemp("g") / "x.pt"
+    path.write_bytes(data)
+    with pytest.MonkeyPatch.context() as mp:
+        fast, slow = both_paths(path, mp)
+    assert fast == slow
+    event(f"lane took it: {lane_takes(data)}")
