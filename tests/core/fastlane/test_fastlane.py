@@ -251,13 +251,31 @@ def _tensor_ops(draw: st.DrawFn, key: str) -> tuple[list[object], bytes]:
     return ops, b"\0" * nbytes
 
 
+def _wrapped(draw: st.DrawFn, ops: list[object]) -> list[object]:
+    """The tensor as is, as a Parameter, or inside a list / tuple."""
+    how = draw(st.integers(0, 5))
+    if how == 0:
+        return [("GLOBAL", "torch._utils", "_rebuild_parameter"), "MARK", *ops,
+                "NEWTRUE" if draw(st.booleans()) else "NEWFALSE",
+                ("GLOBAL", "collections", "OrderedDict"), "EMPTY_TUPLE", "REDUCE", "TUPLE", "REDUCE"]
+    if how == 1:
+        return ["EMPTY_LIST", *ops, "APPEND"]
+    if how == 2:
+        return ["MARK", ("BININT1", 7), *ops, "TUPLE"]
+    return ops
+
+
 @st.composite
 def _state_dicts(draw: st.DrawFn) -> bytes:
     count = draw(st.integers(1, 4))
-    body: list[object] = [("PROTO", 2), "EMPTY_DICT", "MARK"]
+    ordered = draw(st.booleans())   # a module state_dict: OrderedDict root (+ BUILD)
+    root: list[object] = ([("GLOBAL", "collections", "OrderedDict"), "EMPTY_TUPLE", "REDUCE"]
+                          if ordered else ["EMPTY_DICT"])
+    body: list[object] = [("PROTO", 2), *root, "MARK"]
     records = []
     for i in range(count):
         ops, data = draw(_tensor_ops(str(i)))
+        ops = _wrapped(draw, ops)
         name = f"w{i}" if draw(st.integers(0, 5)) else draw(st.sampled_from(["w0", "größe"]))
         key = ("SHORT_BINSTRING", name.encode()) if draw(st.booleans()) else ("BINUNICODE", name)
         if draw(st.integers(0, 4)) == 0:   # nested one level down
@@ -265,7 +283,10 @@ def _state_dicts(draw: st.DrawFn) -> bytes:
         else:
             body += [key, *ops]
         records.append((str(i), data))
-    return torch_layout("ex", asm(*body, "SETITEMS", "STOP"), records)
+    body.append("SETITEMS")
+    if ordered and draw(st.booleans()):
+        body += ["EMPTY_DICT", ("BINUNICODE", "_metadata"), "EMPTY_DICT", "SETITEM", "BUILD"]
+    return torch_layout("ex", asm(*body, "STOP"), records)
 
 
 @settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
