@@ -77,12 +77,23 @@ def failure_report(info: dict[str, Any], code: Code, message: str, elapsed_s: fl
     return report.to_json()
 
 
+class PoolFull(Exception):
+    """More scans are waiting for a worker than the pool accepts (`max_queued`)."""
+
+
 class Jobs:
-    """A pool of `size` sandboxed scan workers. Use `start()`, `scan()`, `close()`."""
+    """A pool of `size` sandboxed scan workers. Use `start()`, `scan()`, `close()`.
+
+    At most `max_queued` scans may wait for a worker when they ask to be refused rather
+    than wait (`wait=False`: requests of HTTP clients, who can retry); internal callers
+    (the hub runner, already bounded by its own concurrency) always wait.
+    """
 
     def __init__(self, size: int, limits: WorkerLimits, *, timeout_s: float, max_scans: int = 1000,
+                 max_queued: int | None = None,
                  on_restart: Callable[[str], None] | None = None) -> None:
         self.size = size
+        self.max_queued = max_queued
         self.limits = limits
         self.timeout_s = timeout_s
         self.max_scans = max_scans
@@ -114,24 +125,32 @@ class Jobs:
         log.warning("scan worker %s replaced: %s", worker.process.pid, reason)
         return self._spawn()
 
+    def full(self) -> bool:
+        """True when a scan that may not wait would be refused now."""
+        return (self.max_queued is not None and self._idle.empty()
+                and self.queue_depth >= self.max_queued)
+
     async def scan(self, path: str, info: dict[str, Any], *, allow: frozenset[str] = frozenset(),
-                   hook: Hook | None = None) -> Outcome:
-        """Scan the file at `path` in a worker. Raises CkptError if core could not read it."""
-        return await self._submit(Job(path=path, info=info, allow=allow, hook=hook))
+                   hook: Hook | None = None, wait: bool = True) -> Outcome:
+        """Scan the file at `path` in a worker. Raises CkptError if core could not read it,
+        PoolFull if `wait` is False and the queue is full."""
+        return await self._submit(Job(path=path, info=info, allow=allow, hook=hook), wait=wait)
 
     async def scan_url(self, url: str, headers: dict[str, str] | None, guard: UrlGuard,
-                       allow: frozenset[str] = frozenset()) -> dict[str, Any]:
+                       allow: frozenset[str] = frozenset(), *, wait: bool = True) -> dict[str, Any]:
         """POST /scan/url's entry (app/routes/remote.py): a URL scan in the sandbox.
 
         Raises SourceError (refused URL, bad upstream) as core does; returns the report JSON.
         """
         job = Job(path="", info={"kind": "url", "url": url}, allow=allow, url=url,
                   headers=dict(headers) if headers else None, guard=guard)
-        return (await self._submit(job)).report
+        return (await self._submit(job, wait=wait)).report
 
-    async def _submit(self, job: Job) -> Outcome:
+    async def _submit(self, job: Job, *, wait: bool = True) -> Outcome:
         if self._closed:
             raise RuntimeError("the scan pool is closed")
+        if not wait and self.full():
+            raise PoolFull(f"{self.queue_depth} scans are waiting for a worker")
         self.queue_depth += 1
         try:
             worker = await self._idle.get()

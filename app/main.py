@@ -85,7 +85,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                                  cpu_seconds=settings.worker_cpu_seconds,
                                  test_hooks=settings.test_hooks),
                     timeout_s=settings.scan_timeout_seconds, max_scans=settings.worker_max_scans,
-                    on_restart=metrics.restarted)
+                    max_queued=settings.max_queued_scans, on_restart=metrics.restarted)
         await jobs.start()
         metrics.watch_pool(lambda: jobs.queue_depth, lambda: jobs.busy)
         app.state.store, app.state.jobs = store, jobs

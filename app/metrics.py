@@ -29,6 +29,8 @@ class Metrics:
         self.queue_depth = Gauge("ckptguard_queue_depth", "Scans waiting for a free worker",
                                  registry=self.registry)
         self.busy = Gauge("ckptguard_workers_busy", "Workers running a scan", registry=self.registry)
+        self.rejected = Counter("ckptguard_scans_rejected", "Scan requests refused: queue full",
+                                registry=self.registry)
 
     def watch_pool(self, depth: Callable[[], float], busy: Callable[[], float]) -> None:
         self.queue_depth.set_function(depth)

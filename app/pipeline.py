@@ -11,7 +11,7 @@ import logging
 import time
 from typing import Any, get_args
 
-from app.jobs import Jobs
+from app.jobs import Jobs, PoolFull
 from app.metrics import Metrics
 from app.problems import AppError
 from app.settings import Settings
@@ -23,6 +23,13 @@ from core.report import POLICY
 
 log = logging.getLogger("ckptguard.scan")
 HOOKS: frozenset[str] = frozenset(get_args(Hook))
+RETRY_AFTER_S = 5
+
+
+def queue_full(detail: str) -> AppError:
+    """503 for a scan the pool's queue cannot take now (settings.max_queued_scans)."""
+    return AppError("SCAN_QUEUE_FULL", 503, f"the scan queue is full ({detail}); retry later",
+                    headers={"Retry-After": str(RETRY_AFTER_S)})
 
 
 class ScanService:
@@ -40,8 +47,18 @@ class ScanService:
     async def record(self, report: dict[str, Any], *, cacheable: bool) -> StoredScan:
         return await asyncio.to_thread(self.store.save, report, policy=self.policy, cacheable=cacheable)
 
-    async def scan_file(self, path: str, info: dict[str, Any], *, hook: str | None = None) -> dict[str, Any]:
-        """Scan a local file whose `info` has its sha256; the response body (report + id, cached)."""
+    def refuse_if_full(self) -> None:
+        """Before receiving an upload: refuse it (503) when its scan could not queue."""
+        if self.jobs.full():
+            self.metrics.rejected.inc()
+            raise queue_full(f"{self.jobs.queue_depth} scans waiting")
+
+    async def scan_file(self, path: str, info: dict[str, Any], *, hook: str | None = None,
+                        wait: bool = True) -> dict[str, Any]:
+        """Scan a local file whose `info` has its sha256; the response body (report + id, cached).
+
+        With `wait` False a full queue raises a 503 AppError instead of waiting (cache hits
+        are still answered)."""
         started = time.perf_counter()
         sha256 = str(info["sha256"])
         if hook is None and (hit := await self.lookup(sha256)) is not None:
@@ -49,9 +66,12 @@ class ScanService:
             return hit.to_json(cached=True)
         hook_arg: Hook | None = hook if hook in HOOKS else None  # type: ignore[assignment]
         try:
-            outcome = await self.jobs.scan(path, info, allow=self.allow, hook=hook_arg)
+            outcome = await self.jobs.scan(path, info, allow=self.allow, hook=hook_arg, wait=wait)
         except CkptError as exc:
             raise AppError(str(exc.code), 422, exc.message) from exc
+        except PoolFull as exc:
+            self.metrics.rejected.inc()
+            raise queue_full(str(exc)) from exc
         self.metrics.duration.observe(time.perf_counter() - started)
         self.metrics.bytes_read.inc(int(outcome.report.get("io", {}).get("bytes_read", 0)))
         stored = await self.record(outcome.report, cacheable=outcome.failure is None)

@@ -40,6 +40,9 @@ class Settings(BaseSettings):
     worker_cpu_seconds: int = Field(default=120, ge=1, description="RLIMIT_CPU per scan, seconds")
     scan_timeout_seconds: float = Field(default=300.0, gt=0, description="wall-clock limit per scan")
     worker_max_scans: int = Field(default=1000, ge=1, description="recycle a worker after this many scans")
+    max_queued_scans: int = Field(
+        default=128, ge=0,
+        description="upload / URL scans that may wait for a busy pool; past it: 503 + Retry-After")
     allow_globals: Annotated[list[str], NoDecode] = Field(
         default_factory=list,
         description="comma-separated extra allowlisted globals (like add_safe_globals); in the cache key")

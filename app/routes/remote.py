@@ -17,6 +17,8 @@ from fastapi import APIRouter, Request
 from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, Field
 
+from app.jobs import PoolFull
+from app.pipeline import queue_full
 from app.problems import AppError
 from app.ssrf import guard_from_settings
 from core.analysis import ScanOptions
@@ -67,7 +69,7 @@ async def scan_url(body: ScanUrlRequest, request: Request) -> dict[str, Any]:
         guard.check_url(body.url)
         jobs = getattr(request.app.state, "jobs", None)
         if jobs is not None and hasattr(jobs, "scan_url"):
-            report: dict[str, Any] = await jobs.scan_url(body.url, body.headers, guard)
+            report: dict[str, Any] = await jobs.scan_url(body.url, body.headers, guard, wait=False)
         else:
             report = await run_in_threadpool(_scan_sync, body.url, body.headers, guard,
                                              _options(request))
@@ -75,4 +77,9 @@ async def scan_url(body: ScanUrlRequest, request: Request) -> dict[str, Any]:
         raise _problem_for(exc) from exc
     except LimitExceeded as exc:  # the byte budget ran out before the scan could start
         raise AppError(str(exc.code), 413, exc.message) from exc
+    except PoolFull as exc:
+        scans = getattr(request.app.state, "scans", None)
+        if scans is not None:
+            scans.metrics.rejected.inc()
+        raise queue_full(str(exc)) from exc
     return report

@@ -17,7 +17,10 @@ TEST_HOOK_HEADER = "x-ckptguard-test-hook"
     "schema": {"type": "object", "required": ["file"],
                "properties": {"file": {"type": "string", "format": "binary"}}}}}}})
 async def scan_upload(request: Request, settings: SettingsDep, scans: ScanServiceDep) -> JSONResponse:
-    """Scan an uploaded checkpoint. A malicious file is a 200 with `verdict: unsafe`."""
+    """Scan an uploaded checkpoint. A malicious file is a 200 with `verdict: unsafe`.
+
+    503 (`SCAN_QUEUE_FULL`, with Retry-After) when max_queued_scans are already waiting."""
+    scans.refuse_if_full()   # before a byte of the body is read
     upload = await receive_upload(
         request.headers.get("content-type"), request.headers.get("content-length"),
         request.stream(), upload_dir=settings.resolved_upload_dir,
@@ -28,6 +31,6 @@ async def scan_upload(request: Request, settings: SettingsDep, scans: ScanServic
         info = {"kind": "upload", "name": upload.filename, "size": upload.size,
                 "sha256": upload.sha256}
         # A JSONResponse skips FastAPI's jsonable_encoder walk: reports are JSON already.
-        return JSONResponse(await scans.scan_file(str(upload.path), info, hook=hook))
+        return JSONResponse(await scans.scan_file(str(upload.path), info, hook=hook, wait=False))
     finally:
         upload.discard()

@@ -132,3 +132,51 @@ def test_cancelled_caller_does_not_leak_the_worker(tmp_path: Path) -> None:
             await jobs.close()
 
     asyncio.run(run())
+
+
+def test_full_queue_refuses_uploads_with_503_then_recovers(make_client) -> None:
+    """max_queued_scans=0 and one busy worker: the next upload is refused before its body
+    is read, with Retry-After; once the worker is free, uploads scan again."""
+    import concurrent.futures as cf
+    import time
+
+    client = make_client(test_hooks=True, workers=1, max_queued_scans=0, scan_timeout_seconds=3)
+    with cf.ThreadPoolExecutor(1) as pool:
+        slow = pool.submit(upload, client, benign_pickle(nonce()), headers={HOOK: "sleep"})
+        deadline = time.monotonic() + 30
+        while "ckptguard_workers_busy 1.0" not in client.get("/metrics").text:
+            assert time.monotonic() < deadline and not slow.done()
+            time.sleep(0.05)
+        refused = upload(client, benign_pickle(nonce()))
+        assert refused.status_code == 503
+        assert refused.headers["retry-after"] == "5"
+        assert refused.headers["content-type"].startswith("application/problem+json")
+        assert refused.json()["code"] == "SCAN_QUEUE_FULL"
+        assert codes(slow.result().json()) == ["TIMEOUT"]
+    assert "ckptguard_scans_rejected_total 1.0" in client.get("/metrics").text
+    assert upload(client, benign_pickle(nonce())).json()["verdict"] == "safe"
+
+
+def test_pool_refuses_only_callers_that_may_not_wait(tmp_path: Path) -> None:
+    from app.jobs import PoolFull
+
+    async def run() -> None:
+        jobs = Jobs(1, WorkerLimits(memory_bytes=1 << 30, cpu_seconds=30, test_hooks=True),
+                    timeout_s=2, max_queued=0)
+        await jobs.start()
+        try:
+            path = tmp_path / "ok.pkl"
+            path.write_bytes(pickle.dumps([1], protocol=2))
+            busy = asyncio.create_task(jobs.scan(str(path), {"kind": "file"}, hook="sleep"))
+            await asyncio.sleep(0.3)
+            assert jobs.full()
+            with pytest.raises(PoolFull):
+                await jobs.scan(str(path), {"kind": "file"}, wait=False)
+            waited = await asyncio.wait_for(jobs.scan(str(path), {"kind": "file"}), 60)
+            assert waited.report["verdict"] == "safe"     # queued behind the timed-out scan
+            assert (await busy).failure is Code.TIMEOUT
+            assert not jobs.full()
+        finally:
+            await jobs.close()
+
+    asyncio.run(run())
