@@ -26,6 +26,7 @@ from typing import Any, Protocol
 
 from app.hub_client import MIN_SCAN_BYTES, SCANNED, FileScan, HubClient, scan_remote_file, sniff_remote
 from app.hub_db import HubDb
+from app.metrics import Metrics
 from app.notify import notify
 from app.settings import Settings
 from app.ssrf import guard_from_settings
@@ -122,8 +123,10 @@ class HubRunner:
     """Runs one hub job to its end (or until its lease is lost)."""
 
     def __init__(self, settings: Settings, store: Store, *, jobs: object | None = None,
-                 scan_fn: ScanFn = scan_remote_file, client: HubClient | None = None) -> None:
+                 scan_fn: ScanFn = scan_remote_file, client: HubClient | None = None,
+                 metrics: Metrics | None = None) -> None:
         self.settings = settings
+        self.metrics = metrics
         self.store = store
         self.jobs = jobs  # app.jobs.Jobs: its `scan_url` runs a URL scan in the sandbox
         self.db = HubDb(store.engine)
@@ -209,6 +212,8 @@ class HubRunner:
                 continue
             await asyncio.gather(*(one(f) for f in ready))
         state = await asyncio.to_thread(self.db.finish, job_id, notify=bool(self.settings.notify_url))
+        if self.metrics is not None:
+            self.metrics.hub_revisions.labels(state=str(state)).inc()
         log.info("hub revision %s", state, extra={"event": "hub_job", "job": job_id, "repo": job.repo,
                                                   "revision": job.revision, "state": state})
         if self.settings.notify_url:
@@ -224,6 +229,8 @@ class HubRunner:
             notify = bool(self.settings.notify_url)
             await asyncio.to_thread(self.db.list_failed, job.id, _describe(exc), retry_at=retry_at,
                                     notify=notify)
+            if retry_at is None and self.metrics is not None:
+                self.metrics.hub_revisions.labels(state="failed").inc()
             if retry_at is not None:
                 await self.queue.enqueue(job.id, not_before=retry_at)
             elif notify:
@@ -232,6 +239,8 @@ class HubRunner:
                                                           "error": _describe(exc), "final": last})
             return False
         await asyncio.to_thread(self.db.add_files, job.id, files, MIN_SCAN_BYTES)
+        for _ in range(sum(1 for f in files if f.size < MIN_SCAN_BYTES)):
+            self._count_file("skipped")   # too small to hold a checkpoint: never fetched
         return True
 
     async def _scan_file(self, job: Any, row: Any) -> None:
@@ -242,6 +251,7 @@ class HubRunner:
                 await asyncio.to_thread(self.db.file_state, row.id, state="done", error=None,
                                         verdict=hit.report.get("verdict"), report_id=hit.id,
                                         container=_container(hit.report))
+                self._count_file("done", reused=True)
                 return
             url = self.client.resolve_url(job.repo_type, job.repo, job.revision, row.path)
             result = await self._scan_url(url, row)
@@ -251,6 +261,7 @@ class HubRunner:
         if result.report is None:
             await asyncio.to_thread(self.db.file_state, row.id, state="skipped", container=result.container,
                                     error=f"not a checkpoint (content sniffed as {result.container})")
+            self._count_file("skipped")
             return
         # A report of a stopped worker (timeout, memory, crash) is kept but not reused.
         stopped = any(f.get("code") in SANDBOX_CODES for f in result.report.get("findings", []))
@@ -263,9 +274,15 @@ class HubRunner:
             # found no pickle there. A real protocol-0 pickle with a global is judged unsafe.
             await asyncio.to_thread(self.db.file_state, row.id, state="skipped", container="text",
                                     report_id=stored.id, error="not a pickle (the scan found none)")
+            self._count_file("skipped")
             return
         await asyncio.to_thread(self.db.file_state, row.id, state="done", error=None, verdict=verdict,
                                 report_id=stored.id, container=_container(result.report))
+        self._count_file("done")
+
+    def _count_file(self, state: str, *, reused: bool = False) -> None:
+        if self.metrics is not None:
+            self.metrics.hub_files.labels(state=state, reused=str(reused).lower()).inc()
 
     async def _scan_url(self, url: str, row: Any) -> FileScan:
         headers = self.client.auth_headers
@@ -291,6 +308,7 @@ class HubRunner:
         if attempts >= self.settings.hub_scan_attempts:
             await asyncio.to_thread(self.db.file_state, row.id, state="failed", attempts=attempts,
                                     error=error[:2000], next_attempt_at=None)
+            self._count_file("failed")
         else:
             await asyncio.to_thread(self.db.file_state, row.id, state="queued", attempts=attempts,
                                     error=error[:2000], next_attempt_at=time.time() + self._backoff(attempts))

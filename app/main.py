@@ -92,7 +92,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.scans = ScanService(settings, store, jobs, metrics)
         from app.hub_jobs import HubRunner  # the model-hub webhook's durable jobs (app/README_HUB.md)
 
-        app.state.hub = HubRunner(settings, store, jobs=jobs)
+        app.state.hub = HubRunner(settings, store, jobs=jobs, metrics=metrics)
         await app.state.hub.start()
         log.info("started", extra={"event": "start", "version": __version__,
                                    "database": store.engine.url.render_as_string(hide_password=True),

@@ -31,6 +31,13 @@ class Metrics:
         self.busy = Gauge("ckptguard_workers_busy", "Workers running a scan", registry=self.registry)
         self.rejected = Counter("ckptguard_scans_rejected", "Scan requests refused: queue full",
                                 registry=self.registry)
+        self.hub_webhooks = Counter("ckptguard_hub_webhooks", "Hub webhook deliveries, by outcome",
+                                    ["outcome"], registry=self.registry)
+        self.hub_revisions = Counter("ckptguard_hub_revisions", "Hub revisions finished, by state",
+                                     ["state"], registry=self.registry)
+        self.hub_files = Counter("ckptguard_hub_files",
+                                 "Hub files finished, by state and whether a stored report was reused",
+                                 ["state", "reused"], registry=self.registry)
 
     def watch_pool(self, depth: Callable[[], float], busy: Callable[[], float]) -> None:
         self.queue_depth.set_function(depth)

@@ -38,19 +38,35 @@ async def _queue_new(runner: HubRunner, accepted: list[dict[str, Any]]) -> None:
 @router.post("/webhooks/huggingface", status_code=202)
 async def webhook(request: Request, secret: Annotated[str | None, Query(max_length=512)] = None,
                   ) -> JSONResponse:
-    check_secret(request.app.state.settings.webhook_secret,
-                 request.headers.get("x-webhook-secret") or secret)
+    count = _delivery_counter(request)
+    try:
+        check_secret(request.app.state.settings.webhook_secret,
+                     request.headers.get("x-webhook-secret") or secret)
+    except AppError:
+        count("refused")
+        raise
     try:
         payload = json.loads(await request.body())
     except ValueError as exc:
+        count("bad")
         raise AppError("BAD_WEBHOOK", 400, "the body is not JSON") from exc
     targets, ignored = parse_event(payload)
     if ignored is not None:
+        count("ignored")
         return JSONResponse({"status": "ignored", "reason": ignored}, status_code=200)
     runner = _runner(request)
     accepted = await asyncio.to_thread(accept, runner.db, targets)
     await _queue_new(runner, accepted)
+    count("queued" if any(item["new_job"] for item in accepted) else "duplicate")
     return JSONResponse({"status": "queued", "revisions": accepted}, status_code=202)
+
+
+def _delivery_counter(request: Request) -> Any:
+    """`count(outcome)` on ckptguard_hub_webhooks_total (a no-op without the service's metrics)."""
+    scans = getattr(request.app.state, "scans", None)
+    metrics = getattr(scans, "metrics", None)
+    return (lambda outcome: metrics.hub_webhooks.labels(outcome=outcome).inc()) if metrics \
+        else (lambda outcome: None)
 
 
 def _repo(path: str) -> str:

@@ -90,6 +90,37 @@ def test_same_content_reuses_the_report(make_client: MakeClient, hub: FakeHub,
     assert hub.storage_gets(files_b["pytorch_model.bin"]) > before["pytorch_model.bin"]
 
 
+def _metric(client: TestClient, sample: str) -> float:
+    for line in client.get("/metrics").text.splitlines():
+        if line.startswith(sample + " "):
+            return float(line.split()[-1])
+    return 0.0
+
+
+def test_hub_metrics(make_client: MakeClient, hub: FakeHub) -> None:
+    client = make_client()
+    files = "ckptguard_hub_files_total"
+    deliver(client, payload(REV_A))
+    wait_done(client, REV_A)
+    for state in ("done", "skipped"):
+        expected = sum(1 for s, _ in EXPECTED_A.values() if s == state)
+        assert _metric(client, f'{files}{{reused="false",state="{state}"}}') == expected, state
+    deliver(client, payload(REV_A))                                  # a duplicate delivery
+    deliver(client, payload(REV_A), secret="wrong")                  # refused
+    deliver(client, {"event": {"scope": "discussion", "action": "create"},
+                     "repo": {"type": "model", "name": REPO}})       # ignored
+    deliver(client, payload(REV_B))
+    wait_done(client, REV_B)
+    hub_webhooks = "ckptguard_hub_webhooks_total"
+    assert _metric(client, f'{hub_webhooks}{{outcome="queued"}}') == 2
+    assert _metric(client, f'{hub_webhooks}{{outcome="duplicate"}}') == 1
+    assert _metric(client, f'{hub_webhooks}{{outcome="refused"}}') == 1
+    assert _metric(client, f'{hub_webhooks}{{outcome="ignored"}}') == 1
+    assert _metric(client, 'ckptguard_hub_revisions_total{state="done"}') == 2
+    # REV_B's three files with REV_A's LFS sha256 reuse their reports (no download)
+    assert _metric(client, f'{files}{{reused="true",state="done"}}') == 3
+
+
 def test_storage_failing_once_is_retried(make_client: MakeClient, hub: FakeHub,
                                          files_a: dict[str, bytes]) -> None:
     hub.storage.set_fault("status", times=1, status=403)   # not transient for HttpSource: our retry
