@@ -136,6 +136,24 @@ class HubDb:
                 hub_jobs.c.repo_type == repo_type, hub_jobs.c.repo == repo,
                 hub_jobs.c.revision == revision)).first()
 
+    def reset(self, job_id: str) -> bool:
+        """Queue a finished revision again from scratch (tree listing, every file).
+
+        False if the job is not finished (queued or running jobs are left alone). Files whose
+        LFS sha256 has a report from this scanner version and policy still reuse it; after an
+        upgrade or an allowlist change they are scanned again.
+        """
+        with self.engine.begin() as conn:
+            done = conn.execute(hub_jobs.update().where(
+                hub_jobs.c.id == job_id, hub_jobs.c.state.in_(FINISHED)).values(
+                state="queued", listed=False, verdict=None, error=None, attempts=0,
+                next_attempt_at=None, lease_owner=None, lease_until=None, notify_state=None,
+                notify_error=None, updated_at=_now()))
+            if done.rowcount != 1:
+                return False
+            conn.execute(hub_files.delete().where(hub_files.c.job_id == job_id))
+        return True
+
     def list_failed(self, job_id: str, error: str, *, retry_at: float | None, notify: bool = False) -> None:
         """A tree listing failed: retry at `retry_at`, or fail the job for good (None)."""
         values: dict[str, Any] = {"attempts": hub_jobs.c.attempts + 1, "error": error[:2000],

@@ -87,6 +87,21 @@ async def revision(repo_type: str, repo: str, sha: str, request: Request) -> JSO
     return JSONResponse(doc)
 
 
+@router.post("/hub/{repo_type}/{repo:path}/revisions/{sha}/rescan", status_code=202,
+             dependencies=[AuthDep])
+async def rescan(repo_type: str, repo: str, sha: str, request: Request) -> JSONResponse:
+    """Judge a finished revision again (after a scanner upgrade or an allowlist change)."""
+    runner = _runner(request)
+    job = await asyncio.to_thread(runner.db.find_job, repo_type_of(repo_type), _repo(repo),
+                                  sha.lower())
+    if job is None:
+        raise AppError("REVISION_NOT_FOUND", 404, "no scan job for this revision")
+    if not await asyncio.to_thread(runner.db.reset, job.id):
+        raise AppError("REVISION_BUSY", 409, f"the revision is {job.state}: it is being scanned")
+    await runner.queue.enqueue(job.id)
+    return JSONResponse({"status": "queued", "job_id": job.id}, status_code=202)
+
+
 @router.post("/hub/{repo_type}/{repo:path}/reconcile", status_code=202, dependencies=[AuthDep])
 async def reconcile(repo_type: str, repo: str, request: Request,
                     revision: Annotated[str, Query(min_length=1, max_length=240,

@@ -121,6 +121,28 @@ def test_hub_metrics(make_client: MakeClient, hub: FakeHub) -> None:
     assert _metric(client, f'{files}{{reused="true",state="done"}}') == 3
 
 
+def test_rescan_judges_a_finished_revision_again(make_client: MakeClient, hub: FakeHub,
+                                                 files_a: dict[str, bytes]) -> None:
+    client = make_client()
+    base = f"/hub/model/{REPO}/revisions"
+    assert client.post(f"{base}/{REV_A}/rescan").status_code == 404
+    deliver(client, payload(REV_A))
+    first = wait_done(client, REV_A)
+    runner = client.app.state.hub   # type: ignore[attr-defined]
+    listings = sum(1 for e in hub.log if "/tree/" in e.raw_path)
+    r = client.post(f"{base}/{REV_A}/rescan")
+    assert r.status_code == 202 and r.json()["job_id"] == first["job_id"]
+    again = wait_done(client, REV_A)
+    assert again["job_id"] == first["job_id"]
+    assert {p: (f["state"], f["verdict"]) for p, f in by_path(again).items()} == EXPECTED_A
+    assert sum(1 for e in hub.log if "/tree/" in e.raw_path) > listings   # listed again
+    # a revision that is not finished is left alone
+    with runner.db.engine.begin() as conn:
+        conn.execute(hub_jobs.update().where(hub_jobs.c.id == first["job_id"]).values(state="running"))
+    busy = client.post(f"{base}/{REV_A}/rescan")
+    assert busy.status_code == 409 and busy.json()["code"] == "REVISION_BUSY"
+
+
 def test_storage_failing_once_is_retried(make_client: MakeClient, hub: FakeHub,
                                          files_a: dict[str, bytes]) -> None:
     hub.storage.set_fault("status", times=1, status=403)   # not transient for HttpSource: our retry
