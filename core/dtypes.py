@@ -37,6 +37,18 @@ TORCH_DTYPE_GLOBALS: frozenset[str] = frozenset(
     + [f"uint{n}" for n in range(1, 8)] + [f"int{n}" for n in range(1, 8)]
 )
 
+# dtypes whose tensors may require gradients (torch: "floating point and complex dtype")
+FLOATING: frozenset[str] = frozenset(
+    ("float64", "float32", "float16", "bfloat16", "complex128", "complex64", "complex32",
+     "float8_e5m2", "float8_e4m3fn", "float8_e5m2fnuz", "float8_e4m3fnuz", "float8_e8m0fnu"))
+
+# sub-byte quantized dtypes: elements per byte (a quint4x2 tensor of 5 elements holds 3 bytes)
+PACKED_PER_BYTE: dict[str, int] = {"quint4x2": 2, "quint2x4": 4}
+
+# storage class globals whose numel counts bytes (FORMATS.md §8.1)
+UNTYPED_STORAGES: frozenset[tuple[str, str]] = frozenset(
+    (("torch.storage", "UntypedStorage"), ("torch", "UntypedStorage")))
+
 # numpy-compatible dtype strings for reading tensor bytes (ml_dtypes names for the exotic ones)
 NUMPY_DTYPE: dict[str, str] = {
     "float64": "<f8", "float32": "<f4", "float16": "<f2", "int64": "<i8", "int32": "<i4",

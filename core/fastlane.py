@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from core.analysis import Analysis
-from core.dtypes import ITEMSIZE, storage_dtype
+from core.dtypes import FLOATING, ITEMSIZE, PACKED_PER_BYTE, UNTYPED_STORAGES, storage_dtype
 from core.errors import Code
 from core.fastload import (
     CheckedList,
@@ -62,10 +62,6 @@ _META_RECORDS = ("version", ".data/version", "byteorder", ".format_version", ".s
 _KNOWN_RECORDS = frozenset(("data.pkl", ".data/serialization_id", *_META_RECORDS))
 _SMALL_RECORD_MAX = 4096
 _LOCATION = re.compile(r"cpu|mps|cuda(:[0-9]{1,3})?")
-_FLOATING = frozenset(("float64", "float32", "float16", "bfloat16", "complex128", "complex64",
-                       "complex32", "float8_e5m2", "float8_e4m3fn", "float8_e5m2fnuz",
-                       "float8_e4m3fnuz", "float8_e8m0fnu"))
-_PACKED = frozenset(("quint4x2", "quint2x4"))
 _MAX_DIM = 64
 _MAX_EXTENT = 1 << 28        # sizes/strides below this keep every sum inside int64
 _MAX_NUMEL = 1 << 32         # records here are < 4 GiB (no zip64): larger numels cannot match
@@ -307,10 +303,10 @@ def _itemsizes(dtypes: list[str]) -> Any:
 
 
 def _storage_dtype(st: StubGlobal) -> str:
-    if tuple(st) in (("torch.storage", "UntypedStorage"), ("torch", "UntypedStorage")):
+    if tuple(st) in UNTYPED_STORAGES:
         return "uint8"
     dtype = storage_dtype(st[0], st[1])
-    if dtype is None or dtype in _PACKED:
+    if dtype is None or dtype in PACKED_PER_BYTE:
         raise Decline(f"storage type {st.full}")
     return dtype
 
@@ -367,7 +363,7 @@ class _Views:
         limit = storages.nbytes[index] // itemsize
         if (off < 0).any() or ((off + extent > limit) & ~empty).any():
             raise Decline("a view past the end of its storage")
-        if any(grads) and any(g and d not in _FLOATING
+        if any(grads) and any(g and d not in FLOATING
                               for g, d in zip(grads, self.dtypes, strict=True)):
             raise Decline("requires_grad on a non-floating tensor")
         self.nbytes = np.where(empty, 0, extent * itemsize)
@@ -390,7 +386,7 @@ class _Views:
         if not _same_type(dtypes, StubGlobal) or not _same_type(pids, tuple):
             raise Decline("_rebuild_tensor_v3 dtype")
         for module, name in set(dtypes):
-            if module != "torch" or name not in ITEMSIZE or name in _PACKED:
+            if module != "torch" or name not in ITEMSIZE or name in PACKED_PER_BYTE:
                 raise Decline(f"_rebuild_tensor_v3 dtype {module}.{name}")
         names = [d[1] for d in dtypes]
         return pids, offsets, sizes, strides, grads, hooks, [p[2] for p in pids], names
@@ -403,7 +399,7 @@ class _Views:
         if not _same_type(grads, bool) or not _empty_hooks(hooks, loaded) \
                 or not all(isinstance(t, RebuildV2) for t in inner):
             raise Decline("_rebuild_parameter arguments")
-        if any(grads) and any(g and self.dtypes[self.position[id(t)]] not in _FLOATING
+        if any(grads) and any(g and self.dtypes[self.position[id(t)]] not in FLOATING
                               for t, g in zip(inner, grads, strict=True)):
             raise Decline("requires_grad on a non-floating parameter")
 

@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from core.dtypes import ITEMSIZE
+from core.dtypes import FLOATING, ITEMSIZE
 from core.names import torch_map
 from core.pickletoken import Decline, Tokens, tokenize
 from core.values import Call, Global, PersId
@@ -157,11 +157,6 @@ def fast_load(data: bytes, *, allowed: Callable[[str], bool],
     return FastResult(root, toks, calls, persids)
 
 
-_FLOATING = frozenset(("float64", "float32", "float16", "bfloat16", "complex128", "complex64",
-                       "complex32", "float8_e5m2", "float8_e4m3fn", "float8_e5m2fnuz",
-                       "float8_e4m3fnuz", "float8_e8m0fnu"))
-
-
 def check_rebuild(full: str, args: tuple[Any, ...],
                   storage_info: Callable[[PersId], tuple[str, int] | None]) -> str | None:
     """Decline unless torch's rebuild function would accept `args` without complaint.
@@ -175,7 +170,7 @@ def check_rebuild(full: str, args: tuple[Any, ...],
                 or not _is_empty_hooks(args[2])):
             raise Decline("unusual _rebuild_parameter arguments")
         inner: str | None = args[0].attrs.get("dtype")
-        if args[1] and inner not in _FLOATING:
+        if args[1] and inner not in FLOATING:
             raise Decline("requires_grad on a non-floating tensor")
         return inner
     if full == "torch._utils._rebuild_tensor_v2":
@@ -199,7 +194,7 @@ def check_rebuild(full: str, args: tuple[Any, ...],
             or type(size) is not tuple or type(stride) is not tuple or len(size) != len(stride)
             or type(requires_grad) is not bool or not _is_empty_hooks(hooks) or metadata):
         raise Decline("unusual tensor arguments")
-    if requires_grad and dtype not in _FLOATING:
+    if requires_grad and dtype not in FLOATING:
         raise Decline("requires_grad on a non-floating tensor")
     extent = 1
     for n, st in zip(size, stride, strict=True):

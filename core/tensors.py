@@ -53,7 +53,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from core.analysis import Analysis
-from core.dtypes import ITEMSIZE, storage_dtype
+from core.dtypes import FLOATING, ITEMSIZE, PACKED_PER_BYTE, UNTYPED_STORAGES, storage_dtype
 from core.errors import Code, LimitExceeded
 from core.report import StorageEntry, TensorEntry
 from core.values import Call, Global, PersId
@@ -111,12 +111,6 @@ REBUILDERS: frozenset[Global] = frozenset(
 # (module, name) pairs: tuple-of-str hashing is C-fast, a dataclass __hash__ is not
 _REBUILD_PAIRS = frozenset((g.module, g.name) for g in REBUILDERS)
 _MAX_WRAPPERS = 16          # torch itself nests at most parameter(from_type(v2))
-_FLOATING = frozenset({"float64", "float32", "float16", "bfloat16", "complex128", "complex64",
-                       "complex32", "float8_e5m2", "float8_e4m3fn", "float8_e5m2fnuz",
-                       "float8_e4m3fnuz", "float8_e8m0fnu"})
-# sub-byte quantized dtypes: elements per byte; a quint4x2 tensor of 5 elements holds 3 bytes
-_PACKED = {"quint4x2": 2, "quint2x4": 4}
-_UNTYPED = frozenset({("torch.storage", "UntypedStorage"), ("torch", "UntypedStorage")})
 _SPARSE_LAYOUTS = {"torch.sparse_coo": ("indices", "values"),
                    "torch.sparse_csr": ("compressed_indices", "plain_indices", "values"),
                    "torch.sparse_csc": ("compressed_indices", "plain_indices", "values"),
@@ -297,7 +291,7 @@ class _Builder:
             span += (size - 1) * st_
         entry, itemsize, limit, _ = st
         dtype = entry.dtype
-        if (rg and dtype not in _FLOATING) or dtype in _PACKED:
+        if (rg and dtype not in FLOATING) or dtype in PACKED_PER_BYTE:
             return False
         nbytes = span * itemsize if numel else 0
         start = offset * itemsize
@@ -475,7 +469,7 @@ class _Builder:
                 self.bad(f"{name}: invalid storage offset {offset}", node)
             nbytes = span * itemsize if numel else 0
             start = view_byte + offset * itemsize
-            pack = _PACKED.get(dtype)
+            pack = PACKED_PER_BYTE.get(dtype)
             if pack is not None:     # bytes = ceil(elements / pack)
                 nbytes = -(-(offset + span) // pack) - offset // pack if numel else 0
                 start = view_byte + offset // pack
@@ -486,7 +480,7 @@ class _Builder:
                             offset=node.offset if node.offset >= 0 else None)
             if storage[0].data_offset is not None:
                 data_offset = storage[0].data_offset + start
-        if rg and dtype not in _FLOATING:
+        if rg and dtype not in FLOATING:
             self.bad(f"{name}: only tensors of floating point dtype can require gradients "
                      f"(dtype {dtype})", node)
         self.an.tensors.append(TensorEntry(
@@ -560,7 +554,7 @@ class _Builder:
         """(dtype, itemsize) of a storage class global (FORMATS.md §2.3); cached per name."""
         if type(stype) is not Global:
             raise _Bad(f"storage type is {stype!r}, not a storage class"[:200])
-        if (stype.module, stype.name) in _UNTYPED:
+        if (stype.module, stype.name) in UNTYPED_STORAGES:
             dtype: str | None = "uint8"      # numel counts bytes (FORMATS.md §8.1)
         else:
             dtype = storage_dtype(stype.module, stype.name)
@@ -664,7 +658,7 @@ def _peek_dtype(value: Any) -> str:
                 and type(args[0]) is PersId and type(args[0].pid) is tuple and len(args[0].pid) >= 2:
             stype = args[0].pid[1]
             if type(stype) is Global:
-                if (stype.module, stype.name) in _UNTYPED:
+                if (stype.module, stype.name) in UNTYPED_STORAGES:
                     return "uint8"
                 found = storage_dtype(stype.module, stype.name)
                 if found is not None:

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from core.dtypes import ITEMSIZE, STORAGE_DTYPE, TORCH_DTYPE_GLOBALS
+from core.dtypes import ITEMSIZE, PACKED_PER_BYTE, STORAGE_DTYPE, TORCH_DTYPE_GLOBALS
 from core.values import Call, Global, PersId
 
 QSCHEMES = frozenset(("per_tensor_affine", "per_tensor_symmetric", "per_channel_affine",
@@ -52,6 +52,8 @@ CLASSES: dict[str, str] = {
 }
 # how `str(cls)` renders an allowlisted class that is not a builtin
 _CLASS_STR = {"builtins.bytearray": "bytearray", "builtins.set": "set", "builtins.complex": "complex"}
+# requires_grad is modelled for these; float8 (in core.dtypes.FLOATING, which the C-speed
+# paths use) is left Unmodelled here until measured in the differential suite
 _FLOATING = frozenset(("float64", "float32", "float16", "bfloat16", "complex128", "complex64",
                        "complex32"))
 _INTEGRAL = frozenset(("int64", "int32", "int16", "int8", "uint8", "bool"))
@@ -71,7 +73,6 @@ ndim output_nr real requires_grad retains_grad shape volatile""".split())
 _SPARSE_LAYOUTS = frozenset(("torch.sparse_coo", "torch.sparse_csr", "torch.sparse_csc", "torch.sparse_bsr",
                              "torch.sparse_bsc"))
 _QDTYPES = frozenset(("qint8", "quint8", "qint32", "quint4x2", "quint2x4"))
-_PACKED = {"quint4x2": 2, "quint2x4": 4}   # elements per byte
 _REAL_FLOATING = frozenset(("float64", "float32", "float16", "bfloat16"))
 # per-channel qparam tensor dtypes whose behaviour was measured (others: Unmodelled)
 _QPARAM_DTYPES = _REAL_FLOATING | frozenset(("int64", "int32", "int16", "int8", "uint8", "bool",
@@ -266,7 +267,7 @@ def _check_view(st: StorageInfo, itemsize: int, offset: Any, size: Any, stride: 
         raise unmodelled("storage extent near int64 overflow")
     # sub-byte quantized dtypes pack several elements per byte: the bytes needed round up
     # (measured with torch 2.13: quint4x2 needs ceil(elements / 2), quint2x4 ceil(elements / 4))
-    per_byte = _PACKED.get(st.dtype, 1) if quantized else 1
+    per_byte = PACKED_PER_BYTE.get(st.dtype, 1) if quantized else 1
     needed = -(-extent // per_byte) if per_byte > 1 else extent * itemsize
     if needed > st.nbytes:
         if st.resizable:
