@@ -25,7 +25,7 @@ from core import fastlane
 from core.analysis import Analysis
 from core.fastload import load
 from core.fastzip import read_plain_archive
-from core.pickle_scan import _allowed_checker
+from core.pickle_scan import allowed_checker
 from core.pickletoken import Decline, tokenize
 from core.scan import scan_path
 from core.source import FileSource
@@ -47,7 +47,7 @@ def lane_stages(path: Path, repeat: int) -> None:
     arc = timed("archive columns", lambda: read_plain_archive(src, limits), repeat)
     row = arc.folded[f"{arc.prefix}/data.pkl".lower()]
     data = src.read_at(int(arc.data_offset[row]), int(arc.size[row]))
-    allowed = _allowed_checker(frozenset())
+    allowed = allowed_checker(frozenset())
     timed("opcode walk (tokenize)", lambda: tokenize(data, allowed), repeat)
     loaded = timed("walk + C unpickler", lambda: load(data, allowed), repeat)
     storages = timed("storage columns + chain", lambda: _storages(loaded, arc), repeat)

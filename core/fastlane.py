@@ -25,7 +25,6 @@ every fixture and on mutated archives.
 from __future__ import annotations
 
 import logging
-import re
 from dataclasses import dataclass
 from functools import cached_property, partial
 from itertools import chain, repeat
@@ -47,27 +46,31 @@ from core.fastload import (
     StubGlobal,
     load,
 )
-from core.fastzip import DESCRIPTOR_SIZE, PlainArchive, read_plain_archive
-from core.names import python_map
+from core.fastzip import PlainArchive, read_plain_archive
+from core.formats.torch_zip import (
+    KNOWN_RECORDS,
+    META_RECORDS,
+    SMALL_RECORD_MAX,
+    layout_error,
+    storage_alignment,
+    version_error,
+)
+from core.offsets import DESCRIPTOR_SIZE32, FB_HEADER_SIZE, LOCAL_HEADER_SIZE
+from core.pickle_scan import allowed_checker, global_uses, set_weights_only
 from core.pickletoken import Decline, Tokens
 from core.report import StorageEntry, TensorEntry
 from core.source import ByteSource
 from core.tensors import segment as tensor_segment
 from core.threats import assess
-from core.vm import GlobalUse, VmResult
+from core.vm import VmResult
+from core.weights_only import restorable
 
 log = logging.getLogger("ckptguard.fastlane")
 
-_META_RECORDS = ("version", ".data/version", "byteorder", ".format_version", ".storage_alignment")
-_KNOWN_RECORDS = frozenset(("data.pkl", ".data/serialization_id", *_META_RECORDS))
-_SMALL_RECORD_MAX = 4096
-_LOCATION = re.compile(r"cpu|mps|cuda(:[0-9]{1,3})?")
 _MAX_DIM = 64
 _MAX_EXTENT = 1 << 28        # sizes/strides below this keep every sum inside int64
 _MAX_NUMEL = 1 << 32         # records here are < 4 GiB (no zip64): larger numels cannot match
 _SCALARS = frozenset((str, int, float, bool, type(None), bytes, complex, StubGlobal))
-_LOCAL_HEADER = 30
-_FB_HEADER = 4
 
 
 def try_torch_zip(source: ByteSource, an: Analysis) -> bool:
@@ -97,15 +100,9 @@ class _Result:
     entries: int               # zip entries (all local headers were read)
 
     def commit(self, an: Analysis) -> None:
-        from core.pickle_scan import set_weights_only
-
         toks = self.tokens
-        proto = toks.protocol or 0
-        uses = [GlobalUse(*python_map(raw_module, raw_name, proto), raw_module, raw_name,
-                          "GLOBAL", self.base + pos)
-                for _module, _name, raw_module, raw_name, pos in toks.globals]
         vm = VmResult(root=None, complete=True, start=0, end=toks.end, protocol=toks.protocol,
-                      globals=uses)
+                      globals=global_uses(toks, self.base))
         an.format = "torch-zip"
         an.io["zip_local_headers_read"] = self.entries
         an.io["zip_entries"] = self.entries
@@ -139,15 +136,13 @@ def _judge(source: ByteSource, an: Analysis) -> _Result:
     base = int(arc.data_offset[pkl_row])
     data = source.read_at(base, pkl_size)
 
-    from core.pickle_scan import _allowed_checker
-
-    loaded = load(data, _allowed_checker(an.options.allow))
+    loaded = load(data, allowed_checker(an.options.allow))
     if loaded.tokens.end != len(data):
         raise Decline("bytes after STOP")
     storages = _Storages(loaded.pids, arc)
     # every record is torch's own (by its exact name, as the general path judges it) or
     # the storage of a persistent id
-    known = {row for r in _KNOWN_RECORDS if (row := arc.index.get(f"{prefix}/{r}")) is not None}
+    known = {row for r in KNOWN_RECORDS if (row := arc.index.get(f"{prefix}/{r}")) is not None}
     if len(known) + len(storages.rows) != len(arc.names) \
             or len(known | set(storages.rows.tolist())) != len(arc.names):
         raise Decline("a record the pickle does not reference")
@@ -159,27 +154,23 @@ def _judge(source: ByteSource, an: Analysis) -> _Result:
 
 
 def _read_meta(source: ByteSource, arc: PlainArchive, row_of: Any) -> dict[str, bytes]:
-    rows = {r: row for r in _META_RECORDS if (row := row_of(r)) is not None}
-    if any(arc.size[row] > _SMALL_RECORD_MAX for row in rows.values()):
+    rows = {r: row for r in META_RECORDS if (row := row_of(r)) is not None}
+    if any(arc.size[row] > SMALL_RECORD_MAX for row in rows.values()):
         raise Decline("large metadata record")
     spans = [(int(arc.data_offset[row]), int(arc.size[row])) for row in rows.values()]
     return dict(zip(rows, source.read_many(spans) if spans else [], strict=True))
 
 
 def _check_container(meta: dict[str, bytes]) -> int:
-    """torch.load's checks before unpickling pass; returns the storage alignment."""
-    version = meta.get(".data/version", meta.get("version"))
-    m = re.match(rb"\s*[+-]?\d+", version) if version is not None else None
-    if m is None or not 1 <= int(m.group()) <= 10:
-        raise Decline("version record")
+    """torch.load's record checks pass and the general path would add no finding; returns
+    the storage alignment."""
+    if version_error(meta) is not None or layout_error(meta) is not None:
+        raise Decline("a version, byteorder or alignment record torch refuses")
     if meta.get("byteorder", b"little") != b"little":
-        raise Decline("byteorder")
+        raise Decline("big-endian storages")
     if not meta.get(".format_version", b"") >= b"1":
         raise Decline("no calculated offsets before format version 1")
-    try:
-        return int(meta.get(".storage_alignment", b"64")) or 64
-    except ValueError as exc:
-        raise Decline("storage alignment") from exc
+    return storage_alignment(meta)
 
 
 def _same_type(values: Any, kind: type) -> bool:
@@ -202,7 +193,7 @@ class _Storages:
             raise Decline("persistent id fields")
         if numels and max(numels) >= _MAX_NUMEL:   # keeps numel x itemsize exact in int64
             raise Decline("a storage larger than any record of this lane")
-        if not all(map(_LOCATION.fullmatch, set(locations))):
+        if not all(map(restorable, set(locations))):
             raise Decline("storage location")
         order = list(dict.fromkeys(keys))
         self.distinct = len(order) == len(pids)   # pid i declares storage i
@@ -261,12 +252,12 @@ class _Storages:
         rows = self.rows
         nbytes = self.nbytes
         header, data = arc.header_offset[rows], self.data_offset
-        desc = np.where(nbytes > 0, DESCRIPTOR_SIZE, 0)
+        desc = np.where(nbytes > 0, DESCRIPTOR_SIZE32, 0)   # no zip64 records in this lane
         if not np.array_equal(header[1:], (data + nbytes + desc)[:-1]):
             raise Decline("records are not in pickle order")
         name_len = np.fromiter(map(len, self.order[1:]), dtype=np.int64,
                                count=len(self.order) - 1) + len(prefix) + 6
-        start = header[1:] + _LOCAL_HEADER + name_len + _FB_HEADER
+        start = header[1:] + LOCAL_HEADER_SIZE + name_len + FB_HEADER_SIZE
         if alignment > 1:
             start = -(-start // alignment) * alignment
         if not np.array_equal(start, data[1:]):

@@ -30,30 +30,28 @@ import numpy.typing as npt
 
 from core.errors import CkptError
 from core.limits import Limits
+from core.offsets import DESCRIPTOR_SIZE32
 from core.pickletoken import Decline
-from core.source import ByteSource
+from core.source import COALESCE_GAP, COALESCE_MAX, ByteSource
+from core.zipcheck import FLAG_DESCRIPTOR
 from core.zipdir import (
     _EOCD,
     _ZIP64_EOCD,
     _ZIP64_LOCATOR,
+    CENTRAL_SIG,
     CENTRAL_SIZE,
     EOCD_SIZE,
+    FLAG_UTF8,
+    LOCAL_SIG,
     LOCAL_SIZE,
+    U32_MAX,
     ZIP64_EOCD_SIZE,
     ZIP64_LOCATOR_SIZE,
     _read_tail,
     find_eocd,
 )
 
-CENTRAL_SIG = 0x02014B50
-LOCAL_SIG = 0x04034B50
-FLAG_DESCRIPTOR = 0x0008
-FLAGS_ALLOWED = 0x0808            # data descriptor + UTF-8 names: what torch's writer sets
-
-DESCRIPTOR_SIZE = 16              # torch's data_descripter_size32 (no zip64 records here)
-U32_MAX = 0xFFFFFFFF
-COALESCE_GAP = 64 * 1024          # headers closer than this are read together
-CHUNK_MAX = 8 * 1024 * 1024
+FLAGS_ALLOWED = FLAG_DESCRIPTOR | FLAG_UTF8   # what torch's writer sets
 
 Ints = npt.NDArray[np.int64]
 
@@ -170,9 +168,9 @@ def _chunks(header: Ints, span: Ints, size: int) -> list[tuple[int, int]]:
     out: list[tuple[int, int]] = []
     for lo, hi in zip(np.concatenate(([0], breaks)).tolist(),
                       np.concatenate((breaks, [len(starts)])).tolist(), strict=True):
-        while lo < hi:   # split a long run so no single read passes CHUNK_MAX (+ one header)
+        while lo < hi:   # split a long run so no single read passes COALESCE_MAX (+ one header)
             first = int(starts[lo])
-            cut = int(np.searchsorted(starts[lo:hi], first + CHUNK_MAX, side="left")) + lo
+            cut = int(np.searchsorted(starts[lo:hi], first + COALESCE_MAX, side="left")) + lo
             cut = max(cut, lo + 1)
             out.append((first, int(reach[cut - 1]) - first))
             lo = cut
@@ -237,7 +235,7 @@ def read_plain_archive(source: ByteSource, limits: Limits) -> PlainArchive:
     data = header + LOCAL_SIZE + l_name + l_extra
     # a data descriptor follows each record written with bit 3 (zip64-sized: never here)
     has_descriptor = ((flags & FLAG_DESCRIPTOR) != 0) & (size > 0)
-    end = data + size + np.where(has_descriptor, DESCRIPTOR_SIZE, 0)
+    end = data + size + np.where(has_descriptor, DESCRIPTOR_SIZE32, 0)
     order = np.argsort(header, kind="stable")
     if header[order[0]] != 0 or not np.array_equal(header[order[1:]], end[order[:-1]]) \
             or end[order[-1]] != cd_offset:

@@ -20,6 +20,7 @@ from core.dtypes import ITEMSIZE, storage_dtype
 from core.errors import Code
 from core.fastpath import Decline, FastResult, check_rebuild, fast_load
 from core.names import python_map
+from core.pickletoken import Tokens
 from core.report import WeightsOnly
 from core.threats import assess
 from core.values import Global, PersId
@@ -77,7 +78,7 @@ def scan_pickle(data: bytes | memoryview, an: Analysis, *, record: str | None,
     return scan
 
 
-def _allowed_checker(allow: frozenset[str]) -> Any:
+def allowed_checker(allow: frozenset[str]) -> Any:
     allowed = ALLOWED_GLOBALS | BASELINE_USER_GLOBALS | allow
     blocked = tuple(m + "." for m in BLOCKED_MODULES)
 
@@ -126,19 +127,24 @@ def _try_fast(data: bytes, an: Analysis, resolver: StorageResolver | None,
         return check_rebuild(full, args, storage_info)
 
     try:
-        fast = fast_load(data, allowed=_allowed_checker(an.options.allow), check_pid=check_pid,
+        fast = fast_load(data, allowed=allowed_checker(an.options.allow), check_pid=check_pid,
                          check_call=check_call)
     except Decline:
         return None
     return _as_scan(fast, list(storages.values()), base_offset)
 
 
-def _as_scan(fast: FastResult, storages: list[StorageUse], base_offset: int) -> PickleScan:
-    toks = fast.tokens
+def global_uses(toks: Tokens, base_offset: int) -> list[GlobalUse]:
+    """The GLOBAL opcodes the opcode walk met, as the VM would have recorded them."""
     proto = toks.protocol or 0
-    uses = [GlobalUse(*python_map(raw_module, raw_name, proto), raw_module, raw_name, "GLOBAL",
+    return [GlobalUse(*python_map(raw_module, raw_name, proto), raw_module, raw_name, "GLOBAL",
                       base_offset + pos)
             for _module, _name, raw_module, raw_name, pos in toks.globals]
+
+
+def _as_scan(fast: FastResult, storages: list[StorageUse], base_offset: int) -> PickleScan:
+    toks = fast.tokens
+    uses = global_uses(toks, base_offset)
     # No calls for the threat analysis: every global is allowlisted and every call is a
     # rebuild whose arguments fastpath.check_rebuild accepted, so there is nothing to find.
     vm = VmResult(root=fast.root, complete=True, start=0, end=toks.end, protocol=toks.protocol,

@@ -97,6 +97,15 @@ def wo_message(message: str) -> str:
     return text + "\n\n" + message + DOCS_MESSAGE
 
 
+_RESTORABLE = re.compile(r"cpu|mps|cuda(:[0-9]{1,3})?")
+
+
+def restorable(location: str) -> bool:
+    """A storage location torch restores (cpu, mps, cuda[:N]): assumed present on the
+    loading host (module docstring)."""
+    return _RESTORABLE.fullmatch(location) is not None
+
+
 @dataclass(frozen=True, slots=True)
 class TorchError:
     """The exception torch.load would raise: class name, inner message, opcode offset."""
@@ -598,8 +607,8 @@ class _Emulator:
         """serialization.default_restore_location over the registered deserializers."""
         if not isinstance(location, str):
             raise self.fail("Unmodelled", f"not modelled: restoring storage location {location!r}")
-        if location == "cpu" or location == "mps" or re.fullmatch(r"cuda(:[0-9]{1,3})?", location):
-            return  # assumed present on the loading host (module docstring)
+        if restorable(location):
+            return
         if (location.startswith(("mps", "meta")) or re.match(r"cuda(:|[0-9]+)", location)
                 or any(location == b or re.match(f"{b}(:|[0-9]+)", location)
                        for b in ("privateuseone", "hpu", "xpu", "mtia"))):

@@ -36,9 +36,9 @@ _U = ("In PyTorch 2.6, we changed the default value of the `weights_only` argume
       "from `False` to `True`. Re-running `torch.load` with `weights_only` set to `False` will likely "
       "succeed, but it can result in arbitrary code execution. Do it only if you got the file from a "
       "trusted source.")
-_META_RECORDS = ("version", ".data/version", "byteorder", ".format_version", ".storage_alignment")
-_KNOWN_RECORDS = frozenset(("data.pkl", ".data/serialization_id", *_META_RECORDS))
-_SMALL_RECORD_MAX = 4096
+META_RECORDS = ("version", ".data/version", "byteorder", ".format_version", ".storage_alignment")
+KNOWN_RECORDS = frozenset(("data.pkl", ".data/serialization_id", *META_RECORDS))
+SMALL_RECORD_MAX = 4096
 
 
 def missing_record_error(name: str) -> TorchError:
@@ -76,7 +76,7 @@ def analyze_zip(source: ByteSource, directory: ZipDirectory, an: Analysis) -> No
     # those the offset arithmetic needs, so a remote scan stays at a few requests.
     cheap = getattr(source, "random_access_cheap", True)
     wanted: list[ZipEntry] = list(directory.entries) if cheap else [
-        e for e in (entry("data.pkl"), entry("data/0"), *(entry(r) for r in _META_RECORDS))
+        e for e in (entry("data.pkl"), entry("data/0"), *(entry(r) for r in META_RECORDS))
         if e is not None]
     header_errors: list[CkptError] = []
     locals_ = read_local_headers(source, wanted, errors=header_errors)
@@ -89,7 +89,7 @@ def analyze_zip(source: ByteSource, directory: ZipDirectory, an: Analysis) -> No
     an.io["zip_local_headers_read"] = len(locals_)
     an.io["zip_entries"] = len(directory.entries)
 
-    meta = _read_small_records(source, directory, [e for r in _META_RECORDS if (e := entry(r))])
+    meta = _read_small_records(source, directory, [e for r in META_RECORDS if (e := entry(r))])
     is_torchscript = f"{prefix}/constants.pkl" in directory.by_name  # exact, as torch lists it
     torch_error = _container_error(directory, prefix, meta, source, is_torchscript)
     if is_torchscript:
@@ -164,7 +164,7 @@ def _read_small_records(source: ByteSource, directory: ZipDirectory,
     out: dict[str, bytes] = {}
     prefix = directory.prefix()
     for ent in entries:
-        if ent.uncompressed_size <= _SMALL_RECORD_MAX:
+        if ent.uncompressed_size <= SMALL_RECORD_MAX:
             out[ent.name[len(prefix) + 1:]] = read_record(source, directory, ent.name)
     return out
 
@@ -175,6 +175,21 @@ def _container_error(directory: ZipDirectory, prefix: str, meta: Mapping[str, by
     if source.read_at(0, 4) != b"PK\x03\x04":
         return TorchError("UnpicklingError", "torch.load does not read this as a zip: the first "
                           "bytes are not a zip local header (it takes the legacy path)")
+    version = version_error(meta)
+    if version is not None:
+        return version
+    for ent in directory.entries:
+        if not ent.name.startswith(prefix + "/"):
+            return TorchError("RuntimeError", f"[enforce fail at inline_container.cc:340] . file in "
+                              f"archive is not in a subdirectory {prefix}/: {ent.name}")
+    if is_torchscript:
+        return TorchError("RuntimeError", "Cannot use ``weights_only=True`` with TorchScript "
+                          "archives passed to ``torch.load``. " + _U)
+    return layout_error(meta)
+
+
+def version_error(meta: Mapping[str, bytes]) -> TorchError | None:
+    """torch's check of the version record (inline_container.cc)."""
     version = meta.get(".data/version", meta.get("version"))
     if version is None:
         return TorchError("RuntimeError", 'Expected hasRecord("version") to be true, but got false.  '
@@ -196,24 +211,27 @@ def _container_error(directory: ZipDirectory, prefix: str, meta: Mapping[str, by
                           f"a PyTorch file with version {number}, but the maximum supported version for "
                           "reading is 10. The version of your PyTorch installation may be too old, please "
                           "upgrade PyTorch to latest version to mitigate this issue.")
-    for ent in directory.entries:
-        if not ent.name.startswith(prefix + "/"):
-            return TorchError("RuntimeError", f"[enforce fail at inline_container.cc:340] . file in "
-                              f"archive is not in a subdirectory {prefix}/: {ent.name}")
-    if is_torchscript:
-        return TorchError("RuntimeError", "Cannot use ``weights_only=True`` with TorchScript "
-                          "archives passed to ``torch.load``. " + _U)
+    return None
+
+
+def layout_error(meta: Mapping[str, bytes]) -> TorchError | None:
+    """torch's checks of the byteorder and storage alignment records."""
     byteorder = meta.get("byteorder")
     if byteorder is not None and byteorder not in (b"little", b"big"):
         return TorchError("ValueError",
                           "Unknown endianness type: " + byteorder.decode("utf-8", "replace"))
     align = meta.get(".storage_alignment")
-    if align is not None and _parse_int(align) is None:
+    if align is not None and parse_int(align) is None:
         return TorchError("ValueError", f"invalid literal for int() with base 10: {align!r}")
     return None
 
 
-def _parse_int(raw: bytes) -> int | None:
+def storage_alignment(meta: Mapping[str, bytes]) -> int:
+    """The alignment torch's offset chain uses (64 when absent, zero or unparsable)."""
+    return parse_int(meta.get(".storage_alignment", b"64")) or 64
+
+
+def parse_int(raw: bytes) -> int | None:
     try:
         return int(raw)
     except ValueError:
@@ -233,7 +251,7 @@ def _storage_sites(source: ByteSource, directory: ZipDirectory, prefix: str,
     first = present.get("0")
     if can_chain and first is not None and storages:
         first_local = locals_.get(first.index) or read_local_headers(source, [first]).get(first.index)
-        align = _parse_int(meta.get(".storage_alignment", b"64")) or 64
+        align = storage_alignment(meta)
         if first_local is not None:
             try:
                 chain = chain_storage_offsets(prefix, first_local.data_offset, storages, align,
@@ -271,7 +289,7 @@ def _storage_sites(source: ByteSource, directory: ZipDirectory, prefix: str,
 def _flag_unreferenced(directory: ZipDirectory, prefix: str, keys: set[str], an: Analysis) -> None:
     for ent in directory.entries:
         rel = ent.name[len(prefix) + 1:] if ent.name.startswith(prefix + "/") else None
-        if rel is None or rel in _KNOWN_RECORDS:
+        if rel is None or rel in KNOWN_RECORDS:
             continue
         if rel.startswith("data/") and rel[5:] in keys:
             continue
