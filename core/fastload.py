@@ -25,15 +25,11 @@ exact interpreters, so this path can only be faster, never different.
 
 from __future__ import annotations
 
-import gc
-import io
-import pickle
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from core.names import torch_map
-from core.pickletoken import Decline, Tokens, tokenize
+from core.pickletoken import Decline, StubUnpickler, Tokens, tokenize
 
 
 class StubGlobal(tuple[str, str]):
@@ -112,21 +108,18 @@ class Loaded:
     attributes: dict[int, tuple[StubDict, dict[Any, Any]]]  # id -> (OrderedDict, BUILD state)
 
 
-class _StubUnpickler(pickle.Unpickler):
-    """The C unpickler with our stubs. No closures: nothing here may form a reference
-    cycle, or the whole value graph would wait for the cyclic GC to be freed."""
+class _StubUnpickler(StubUnpickler):
+    """Our stubs over the shared C-unpickler driver. No closures: nothing here may form a
+    reference cycle, or the whole value graph would wait for the cyclic GC to be freed."""
 
-    def __init__(self, file: Any, stubs: dict[tuple[str, str], Any], pids: list[Any]) -> None:
-        super().__init__(file, fix_imports=False, encoding="utf-8")  # as torch.load decodes
-        self.stubs = stubs
+    def __init__(self, data: bytes, toks: Tokens, stubs: dict[tuple[str, str], Any],
+                 pids: list[Any]) -> None:
+        super().__init__(data, toks)
+        self.stubs.update(stubs)
         self.pids = pids
 
-    def find_class(self, module: str, name: str) -> Any:
-        mapped = torch_map(module, name) if module != "__ckptguard__" else (module, name)
-        stub = self.stubs.get(mapped)
-        if stub is None:
-            stub = self.stubs[mapped] = StubGlobal(mapped)
-        return stub
+    def make_stub(self, module: str, name: str) -> Any:
+        return StubGlobal((module, name))
 
     def persistent_load(self, pid: Any) -> Any:
         self.pids.append(pid)
@@ -150,21 +143,9 @@ def load(data: bytes, allowed: Callable[[str], bool]) -> Loaded:
     stubs[("collections", "OrderedDict")] = dict_type
     stubs[("__ckptguard__", "list")] = CheckedList
 
-    source = toks.rewritten if toks.rewritten is not None else data[:toks.end]
-    # a BufferedReader has peek(): the C unpickler then reads from its own buffer instead
-    # of calling read() for every opcode (halves the load time)
-    stream = io.BufferedReader(io.BytesIO(source), buffer_size=max(len(source), 1))
-    gc_was_enabled = gc.isenabled()
-    gc.disable()  # millions of new containers: generational GC passes cost more than the load
     try:
-        root = _StubUnpickler(stream, stubs, pids).load()
-    except Decline:
-        raise
-    except Exception as exc:
-        raise Decline(f"{type(exc).__name__}: {exc}") from exc
+        root = _StubUnpickler(data, toks, stubs, pids).load_or_decline()
     finally:
-        if gc_was_enabled:
-            gc.enable()
         # the stub classes must not keep the instances (a class <-> instance cycle)
         calls = {base: list(found) for base, found in made.items()}
         for found in made.values():

@@ -22,17 +22,13 @@ exact path would also load, and gives the same globals, storages and graph shape
 
 from __future__ import annotations
 
-import gc
-import io
-import pickle
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from core.dtypes import FLOATING, ITEMSIZE
-from core.names import torch_map
-from core.pickletoken import Decline, Tokens, tokenize
+from core.pickletoken import Decline, StubUnpickler, Tokens, tokenize
 from core.values import Call, Global, PersId
 
 __all__ = ["Decline", "FastResult", "Tokens", "check_rebuild", "fast_load", "tokenize"]
@@ -122,15 +118,10 @@ def fast_load(data: bytes, *, allowed: Callable[[str], bool],
     toks = tokenize(data, allowed, newobj=True)
     calls: list[Call] = []
     persids: list[PersId] = []
-    stubs: dict[tuple[str, str], type] = {}
 
-    class _Unpickler(pickle.Unpickler):
-        def find_class(self, module: str, name: str) -> Any:
-            mapped = torch_map(module, name) if module != "__ckptguard__" else (module, name)
-            stub = stubs.get(mapped)
-            if stub is None:
-                stub = stubs[mapped] = _make_stub(Global(*mapped), calls, check_call)
-            return stub
+    class _Unpickler(StubUnpickler):
+        def make_stub(self, module: str, name: str) -> Any:
+            return _make_stub(Global(module, name), calls, check_call)
 
         def persistent_load(self, pid: Any) -> Any:
             if type(pid) is not tuple or len(pid) < 2:
@@ -142,18 +133,7 @@ def fast_load(data: bytes, *, allowed: Callable[[str], bool],
             persids.append(node)
             return node
 
-    source = toks.rewritten if toks.rewritten is not None else data[:toks.end]
-    gc_was_enabled = gc.isenabled()
-    gc.disable()  # millions of new containers: generational GC passes cost more than the load
-    try:
-        root = _Unpickler(io.BytesIO(source), fix_imports=False, encoding="utf-8").load()
-    except Decline:
-        raise
-    except Exception as exc:
-        raise Decline(f"{type(exc).__name__}: {exc}") from exc
-    finally:
-        if gc_was_enabled:
-            gc.enable()
+    root = _Unpickler(data, toks).load_or_decline()
     return FastResult(root, toks, calls, persids)
 
 
