@@ -61,6 +61,24 @@ _U32 = struct.Struct("<I")
 LIST_REWRITE = b"c__ckptguard__\nlist\n)R"
 
 
+
+
+def _engine_sound() -> bool:
+    """Does this Python's `re` restore the position when a possessive repeat's last try
+    fails half-way? CPython 3.11.0-3.11.4 do not (gh-100061, gh-106052; fixed in 3.11.5):
+    the walk would then skip bytes and could hide an opcode from the checks. Probed with the
+    shapes that break (a LONG_BINPUT and a string cut short), and one sound run."""
+    probes = (b"Nr\xf0\xff\xff\xff.", b"NX\x05\x00\x00\x00ab.", b"X\x01\x00\x00\x00kq\x01h\x02(.")
+    expected = (1, 1, 11)
+    return all(_RUN.match(p).end() == e and _RUN_NEWOBJ.match(p).end() == e  # type: ignore[union-attr]
+               for p, e in zip(probes, expected, strict=True))
+
+
+# False on a Python whose regex engine mis-walks: every walk declines, the exact
+# interpreters decide (correct, ~20x slower on big checkpoints).
+ENGINE_SOUND = _engine_sound()
+
+
 @dataclass(slots=True)
 class Tokens:
     """What the opcode walk learned about one pickle."""
@@ -76,6 +94,8 @@ def tokenize(data: bytes, allowed: Callable[[str], bool], *, newobj: bool = Fals
     """Walk the opcodes of one pickle; Decline on anything torch would not accept.
 
     NEWOBJ declines too unless `newobj` (torch accepts it for a few classes only)."""
+    if not ENGINE_SOUND:
+        raise Decline("this Python's re mis-handles possessive repeats (fixed in 3.11.5)")
     toks = Tokens()
     pos = 0
     n = len(data)
@@ -147,7 +167,9 @@ class StubUnpickler(pickle.Unpickler):
     """CPython's C unpickler over a pickle `tokenize` accepted, with stubs for globals.
 
     `find_class` maps a name as torch does and asks `make_stub` once per name; strings
-    decode as torch.load decodes them. The input sits in a BufferedReader: with `peek()`
+    decode as torch.load decodes them. Each GLOBAL the C unpickler executes must be the
+    next one the walk saw (so its allowlist check covered it), else Decline: a second
+    line of defence should the walk ever lose its place. The input sits in a BufferedReader: with `peek()`
     the C unpickler reads from its own buffer instead of calling read() for every opcode
     (halves the load time).
     """
@@ -157,12 +179,21 @@ class StubUnpickler(pickle.Unpickler):
         stream = io.BufferedReader(io.BytesIO(source), buffer_size=max(len(source), 1))
         super().__init__(stream, fix_imports=False, encoding="utf-8")
         self.stubs: dict[tuple[str, str], Any] = {}
+        self.walked = [(module, name) for module, name, _, _, _ in toks.globals]
+        self.globals_met = 0
 
     def make_stub(self, module: str, name: str) -> Any:
         raise NotImplementedError
 
     def find_class(self, module: str, name: str) -> Any:
-        mapped = torch_map(module, name) if module != "__ckptguard__" else (module, name)
+        if module == "__ckptguard__":   # our own EMPTY_LIST rewrite
+            mapped = (module, name)
+        else:
+            mapped = torch_map(module, name)
+            met = self.globals_met
+            if met >= len(self.walked) or self.walked[met] != mapped:
+                raise Decline(f"global {module}.{name} was not seen by the opcode walk")
+            self.globals_met = met + 1
         stub = self.stubs.get(mapped)
         if stub is None:
             stub = self.stubs[mapped] = self.make_stub(*mapped)

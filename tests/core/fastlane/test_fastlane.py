@@ -12,12 +12,14 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from core import fastlane, pickle_scan
+from core import fastlane, pickle_scan, pickletoken
 from core.analysis import Analysis
 from core.fastload import RebuildCall
+from core.pickletoken import Decline
 from core.scan import scan_path
 from core.source import BytesSource
 from tests.core.fastlane.torchlayout import META, state_dict, torch_layout, v2
+from tests.engine import needs_sound_re
 from tests.pickle_asm import asm
 
 F8 = b"\x00" * 8          # the bytes of a 2-element float32 storage
@@ -142,6 +144,7 @@ def _declined() -> dict[str, bytes]:
     }
 
 
+@needs_sound_re
 @pytest.mark.parametrize("case", sorted(TAKEN))
 def test_lane_takes_clean_archives_with_the_general_report(
         case: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -177,6 +180,36 @@ def test_lane_equals_the_exact_interpreters(case: str, tmp_path: Path,
     monkeypatch.setattr(fastlane, "try_torch_zip", lambda source, an: False)
     monkeypatch.setattr(pickle_scan, "_try_fast", lambda *args, **kwargs: None)
     assert comparable(path) == fast
+
+
+def test_an_unsound_regex_engine_turns_the_fast_paths_off(tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """On CPython 3.11.0-3.11.4 the walk cannot be trusted: everything takes the exact path,
+    and the report is the same."""
+    path = tmp_path / "x.pt"
+    path.write_bytes(_nested())
+    expected = comparable(path)
+    monkeypatch.setattr(pickletoken, "ENGINE_SOUND", False)
+    with pytest.raises(Decline, match="possessive"):
+        pickletoken.tokenize(b"N.", lambda name: True)
+    assert not lane_takes(_nested())
+    assert comparable(path) == expected
+
+
+def test_a_global_the_walk_did_not_see_is_declined() -> None:
+    """The C unpickler's GLOBALs must be the walk's, in order (a second line of defence)."""
+    data = asm(("PROTO", 2), ("GLOBAL", "collections", "OrderedDict"), "STOP")
+
+    class Probe(pickletoken.StubUnpickler):
+        def make_stub(self, module: str, name: str) -> object:
+            return (module, name)
+
+    seen = pickletoken.Tokens(globals=[("collections", "OrderedDict", "collections",
+                                        "OrderedDict", 2)], end=len(data))
+    assert Probe(data, seen).load_or_decline() == ("collections", "OrderedDict")
+    unseen = pickletoken.Tokens(end=len(data))   # as if the walk had skipped the GLOBAL
+    with pytest.raises(Decline, match="not seen by the opcode walk"):
+        Probe(data, unseen).load_or_decline()
 
 
 def test_declining_leaves_the_analysis_untouched() -> None:

@@ -12,7 +12,10 @@ import pytest
 
 from core.fastpath import Decline, check_rebuild, fast_load, tokenize
 from core.values import Call, Global, PersId
+from tests.engine import needs_sound_re
 from tests.pickle_asm import asm
+
+pytestmark = needs_sound_re
 
 ALLOWED = frozenset({"collections.OrderedDict", "torch._utils._rebuild_tensor_v2",
                      "torch._utils._rebuild_parameter", "torch.FloatStorage", "torch.float32",
