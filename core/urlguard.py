@@ -63,6 +63,10 @@ def is_public(ip: IPAddress) -> bool:
     inner = embedded_ipv4(ip)
     if inner is not None and not is_public(inner):
         return False
+    if isinstance(ip, ipaddress.IPv6Address) and ip.sixtofour is not None:
+        # 6to4 reaches its IPv4 (checked above); Pythons before 3.11.10 / 3.12.4 list all of
+        # 2002::/16 as private, later ones do not: decide it the same on every version
+        return True
     return (ip.is_global and not ip.is_multicast and not ip.is_reserved
             and not ip.is_unspecified and not ip.is_loopback and not ip.is_link_local)
 
