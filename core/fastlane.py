@@ -215,11 +215,7 @@ class _Storages:
         self.itemsize = _itemsizes(self.dtype)
         self.numel_array = np.array(self.numel, dtype=np.int64)
         self.nbytes = self.numel_array * self.itemsize
-        prefix = f"{arc.prefix}/data/"
-        rows = list(map(arc.index.get, [prefix + k for k in order]))
-        if None in rows:   # missing, or only under another case (miniz would find it)
-            raise Decline("a storage without a record of its exact name")
-        self.rows = np.array(rows, dtype=np.int64)
+        self.rows = _record_rows(order, arc)
         if not np.array_equal(self.nbytes, arc.size[self.rows]):
             raise Decline("a record whose size is not numel x itemsize")
         self.data_offset = arc.data_offset[self.rows]
@@ -279,6 +275,22 @@ class _Storages:
         return list(map(_NEW_STORAGE, zip(
             order, dtype, numel, nbytes.tolist(), locations,
             map(names.__getitem__, rows.tolist()), data_offset.tolist(), repeat(True))))
+
+
+def _record_rows(keys: list[str], arc: PlainArchive) -> Any:
+    """The archive row of each storage key's record `<prefix>/data/<key>`, by exact name."""
+    prefix = f"{arc.prefix}/data/"
+    first = arc.index.get(prefix + keys[0]) if keys else None
+    if first is not None:
+        # torch.save writes the records in pickle order: one comparison of joined names
+        # (names hold no newline, so equal strings mean equal names one by one)
+        run = arc.names[first:first + len(keys)]
+        if "\n".join(run) == prefix + f"\n{prefix}".join(keys):
+            return np.arange(first, first + len(keys), dtype=np.int64)
+    rows = list(map(arc.index.get, [prefix + k for k in keys]))
+    if None in rows:   # missing, or only under another case (miniz would find it)
+        raise Decline("a storage without a record of its exact name")
+    return np.array(rows, dtype=np.int64)
 
 
 # NamedTuple rows built in C from zipped columns (no Python call per row)
@@ -440,47 +452,52 @@ def _walk(loaded: Loaded, views: _Views, storages: _Storages, record: str,
     flat = _flat_state_dict(loaded)
     if flat is not None:
         names, values = flat
-        paths: list[list[Any]] = [[k] for k in names]
+        paths: list[tuple[Any, ...]] = list(zip(names))
     else:
-        found, values = _found(loaded, storages.pid_ids, max_tensors)
+        paths, values = _found(loaded, storages.pid_ids, max_tensors)
         names = [p[0] if len(p) == 1 and type(p[0]) is str else ".".join(map(str, p))
-                 for p in found]
-        paths = list(map(list, found))
+                 for p in paths]
     if len(values) > max_tensors:
         raise Decline("tensor cap")
     kinds = loaded.kinds
     params = loaded.calls[RebuildParameter]
+    grads: Any
     if params:
         is_param = [kinds[type(v)] is RebuildParameter for v in values]
         inner = [v.args[0] if p else v for v, p in zip(values, is_param, strict=True)]
-        kind = ["parameter" if p else "tensor" for p in is_param]
+        kind: Any = ["parameter" if p else "tensor" for p in is_param]
         grads = [v.args[1] if p else views.grads[views.position[id(v)]]
                  for v, p in zip(values, is_param, strict=True)]
         reached_params = {id(v) for v, p in zip(values, is_param, strict=True) if p}
         if len(reached_params) != len(params):
             raise Decline("a parameter the graph does not reach")
     else:
-        inner, kind, grads = values, ["tensor"] * len(values), None
+        inner, kind, grads = values, repeat("tensor"), None
     calls = views.calls
+    columns: tuple[Any, ...] = (views.dtypes, views.sizes, views.strides, views.offsets, views.keys)
     if len(inner) == len(calls) and all(map(is_, inner, calls)):
-        rows = np.arange(len(calls), dtype=np.int64)   # torch.save: the dict's order
+        # torch.save's layout: the i-th tensor met is the i-th call, columns as they are
+        rows = None
+        data_offset, nbytes = views.data_offset.tolist(), views.nbytes.tolist()
+        storage_index = views.storage_index
     else:
         rows = np.fromiter(map(views.position.__getitem__, map(id, inner)), dtype=np.int64,
                            count=len(inner))
         # torch runs every rebuild call, reachable or not: each must be in the manifest
         if len(calls) and not np.bincount(rows, minlength=len(calls)).all():
             raise Decline("a rebuild call the graph does not reach")
-    row_list = rows.tolist()
+        row_list = rows.tolist()
+        columns = tuple(list(map(column.__getitem__, row_list)) for column in columns)
+        data_offset, nbytes = views.data_offset[rows].tolist(), views.nbytes[rows].tolist()
+        storage_index = views.storage_index[rows]
     if grads is None:
-        grads = list(map(views.grads.__getitem__, row_list))
+        grads = views.grads if rows is None else list(map(views.grads.__getitem__, row_list))
+    dtypes, sizes, strides, offsets, keys = columns
+    # shapes and strides stay the pickle's tuples (TensorEntry takes any sequence)
     tensors = list(map(_NEW_TENSOR, zip(
-        names, paths, map(views.dtypes.__getitem__, row_list),
-        map(list, map(views.sizes.__getitem__, row_list)),
-        map(list, map(views.strides.__getitem__, row_list)),
-        map(views.offsets.__getitem__, row_list), map(views.keys.__getitem__, row_list),
-        kind, grads, views.data_offset[rows].tolist(), views.nbytes[rows].tolist(),
+        names, paths, dtypes, sizes, strides, offsets, keys, kind, grads, data_offset, nbytes,
         repeat(record), repeat(()))))
-    used = list(dict.fromkeys(views.storage_index[rows].tolist()))
+    used = list(dict.fromkeys(storage_index.tolist()))
     return tensors, used
 
 

@@ -62,10 +62,10 @@ class TensorEntry(NamedTuple):
     of a dataclass's cost."""
 
     name: str
-    path: list[str | int]
+    path: Sequence[str | int]            # lists from the exact path, tuples from the fast lane
     dtype: str
-    shape: list[int]
-    stride: list[int]
+    shape: Sequence[int]
+    stride: Sequence[int]
     storage_offset: int
     storage: str | None                  # storage key, None for meta/no-storage tensors
     kind: str                            # tensor | parameter | quantized | sparse | meta | ...

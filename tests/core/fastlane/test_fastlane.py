@@ -101,6 +101,8 @@ def _declined() -> dict[str, bytes]:
         "view-past-storage": torch_layout("ex", state_dict(("a", v2("0", size=(3,)))), one),
         "grad-on-int": torch_layout("ex", state_dict(
             ("a", v2("0", numel=1, storage="LongStorage", requires_grad=True))), one),
+        # one key spelling two record names: the joined-names comparison must not match it
+        "storage-key-with-newline": torch_layout("ex", state_dict(("a", v2("0\nex/data/1"))), two),
         "first-storage-not-0": torch_layout("ex", state_dict(("a", v2("1"))), [("1", F8)]),
         "record-size-mismatch": torch_layout("ex", state_dict(("a", v2("0"))), [("0", b"\x00" * 12)]),
         "unreferenced-record": torch_layout("ex", state_dict(("a", v2("0"))), [*one, ("9", F8)]),
