@@ -452,11 +452,12 @@ def _walk(loaded: Loaded, views: _Views, storages: _Storages, record: str,
     flat = _flat_state_dict(loaded)
     if flat is not None:
         names, values = flat
-        paths: list[tuple[Any, ...]] = list(zip(names))
+        paths: list[Any] = [[k] for k in names]
     else:
         paths, values = _found(loaded, storages.pid_ids, max_tensors)
         names = [p[0] if len(p) == 1 and type(p[0]) is str else ".".join(map(str, p))
                  for p in paths]
+        paths = list(map(list, paths))
     if len(values) > max_tensors:
         raise Decline("tensor cap")
     kinds = loaded.kinds
@@ -493,9 +494,8 @@ def _walk(loaded: Loaded, views: _Views, storages: _Storages, record: str,
     if grads is None:
         grads = views.grads if rows is None else list(map(views.grads.__getitem__, row_list))
     dtypes, sizes, strides, offsets, keys = columns
-    # shapes and strides stay the pickle's tuples (TensorEntry takes any sequence)
     tensors = list(map(_NEW_TENSOR, zip(
-        names, paths, dtypes, sizes, strides, offsets, keys, kind, grads, data_offset, nbytes,
+        names, paths, dtypes, map(list, sizes), map(list, strides), offsets, keys, kind, grads, data_offset, nbytes,
         repeat(record), repeat(()))))
     used = list(dict.fromkeys(storage_index.tolist()))
     return tensors, used

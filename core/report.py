@@ -62,10 +62,10 @@ class TensorEntry(NamedTuple):
     of a dataclass's cost."""
 
     name: str
-    path: Sequence[str | int]            # lists from the exact path, tuples from the fast lane
+    path: list[str | int]
     dtype: str
-    shape: Sequence[int]
-    stride: Sequence[int]
+    shape: list[int]
+    stride: list[int]
     storage_offset: int
     storage: str | None                  # storage key, None for meta/no-storage tensors
     kind: str                            # tensor | parameter | quantized | sparse | meta | ...

@@ -26,9 +26,14 @@ MUST_TAKE = ("dtype-", "v3-", "view-", "container-", "param-", "state-dict-", "m
 
 
 def comparable(path: Any) -> dict[str, Any]:
-    out = scan_path(path).to_json()
+    report = scan_path(path)
+    out = report.to_json()
     out.pop("timings_ms")
     out.pop("io")
+    # the Python objects too, not only their JSON: a tuple where the other path has a list
+    # is a different API for library users
+    out["tensor_rows"] = [t._asdict() for t in report.tensors]
+    out["storage_rows"] = [s._asdict() for s in report.storages]
     return out
 
 
