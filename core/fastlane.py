@@ -388,6 +388,10 @@ class _Views:
         pids, offsets, sizes, strides, grads, hooks, dtypes = zip(*args, strict=False)
         if not _same_type(dtypes, StubGlobal) or not _same_type(pids, tuple):
             raise Decline("_rebuild_tensor_v3 dtype")
+        if any(g is not False for g in grads):
+            # never loads with requires_grad: torch.empty(requires_grad=True), then set_() on
+            # a leaf that requires grad raises (the exact interpreter words it)
+            raise Decline("_rebuild_tensor_v3 with requires_grad")
         for module, name in set(dtypes):
             if module != "torch" or name not in ITEMSIZE or name in PACKED_PER_BYTE:
                 raise Decline(f"_rebuild_tensor_v3 dtype {module}.{name}")
@@ -495,8 +499,8 @@ def _walk(loaded: Loaded, views: _Views, storages: _Storages, record: str,
         grads = views.grads if rows is None else list(map(views.grads.__getitem__, row_list))
     dtypes, sizes, strides, offsets, keys = columns
     tensors = list(map(_NEW_TENSOR, zip(
-        names, paths, dtypes, map(list, sizes), map(list, strides), offsets, keys, kind, grads, data_offset, nbytes,
-        repeat(record), repeat(()))))
+        names, paths, dtypes, map(list, sizes), map(list, strides), offsets, keys, kind, grads,
+        data_offset, nbytes, repeat(record), repeat(()))))
     used = list(dict.fromkeys(storage_index.tolist()))
     return tensors, used
 

@@ -174,8 +174,10 @@ def check_rebuild(full: str, args: tuple[Any, ...],
             or type(size) is not tuple or type(stride) is not tuple or len(size) != len(stride)
             or type(requires_grad) is not bool or not _is_empty_hooks(hooks) or metadata):
         raise Decline("unusual tensor arguments")
-    if requires_grad and dtype not in FLOATING:
-        raise Decline("requires_grad on a non-floating tensor")
+    if requires_grad and (dtype not in FLOATING or full.endswith("_v3")):
+        # _rebuild_tensor_v3 with requires_grad never loads (torch.empty(requires_grad=True)
+        # then set_() on a leaf that requires grad: RuntimeError)
+        raise Decline("requires_grad on a non-floating tensor, or in _rebuild_tensor_v3")
     extent = 1
     for n, st in zip(size, stride, strict=True):
         if type(n) is not int or type(st) is not int or n < 0 or st < 0:

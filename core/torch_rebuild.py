@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from core.dtypes import ITEMSIZE, PACKED_PER_BYTE, STORAGE_DTYPE, TORCH_DTYPE_GLOBALS
+from core.dtypes import FLOATING, ITEMSIZE, PACKED_PER_BYTE, STORAGE_DTYPE, TORCH_DTYPE_GLOBALS
 from core.values import Call, Global, PersId
 
 QSCHEMES = frozenset(("per_tensor_affine", "per_tensor_symmetric", "per_channel_affine",
@@ -52,11 +52,11 @@ CLASSES: dict[str, str] = {
 }
 # how `str(cls)` renders an allowlisted class that is not a builtin
 _CLASS_STR = {"builtins.bytearray": "bytearray", "builtins.set": "set", "builtins.complex": "complex"}
-# requires_grad is modelled for these; float8 (in core.dtypes.FLOATING, which the C-speed
-# paths use) is left Unmodelled here until measured in the differential suite
-_FLOATING = frozenset(("float64", "float32", "float16", "bfloat16", "complex128", "complex64",
-                       "complex32"))
-_INTEGRAL = frozenset(("int64", "int32", "int16", "int8", "uint8", "bool"))
+# the setter `tensor.requires_grad = True` (_rebuild_tensor_v2) and requires_grad_() /
+# `torch.empty(requires_grad=True)` (Parameter, _rebuild_tensor_v3) word it differently
+_NO_GRAD_SETTER = "only Tensors of floating point and complex dtype can require gradients"
+_NO_GRAD = "Only Tensors of floating point and complex dtype can require gradients"
+_LEAF_IN_PLACE = "a leaf Variable that requires grad is being used in an in-place operation."
 _LAYOUTS = frozenset(("torch.strided", "torch.sparse_coo", "torch.sparse_csr", "torch.sparse_csc",
                       "torch.sparse_bsr", "torch.sparse_bsc", "torch._mkldnn", "torch.jagged"))
 _DEVICE_TYPES = ("cpu, cuda, ipu, xpu, mkldnn, opengl, opencl, ideep, hip, ve, fpga, maia, xla, "
@@ -231,12 +231,18 @@ def _arity(name: str, args: tuple[Any, ...], names: tuple[str, ...], optional: i
                    f"but {n} {verb} given")
 
 
-def _check_view(st: StorageInfo, itemsize: int, offset: Any, size: Any, stride: Any, *,
-                quantized: bool = False) -> tuple[int, ...]:
-    """`Tensor.set_(storage, offset, size, stride)` on a non-resizable storage (FORMATS.md §2.6)."""
+def _set_args(offset: Any, size: Any, stride: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """`Tensor.set_`'s argument parsing: (size, stride); Unmodelled unless plain ints."""
     shape, strides = _int_seq(size), _int_seq(stride)
     if not _is_int(offset) or shape is None or strides is None or abs(offset) >= _INT64_SAFE:
         raise unmodelled("set_() with a non-int offset or size/stride that is not a sequence of ints")
+    return shape, strides
+
+
+def _check_view(st: StorageInfo, itemsize: int, offset: Any, size: Any, stride: Any, *,
+                quantized: bool = False) -> tuple[int, ...]:
+    """`Tensor.set_(storage, offset, size, stride)` on a non-resizable storage (FORMATS.md §2.6)."""
+    shape, strides = _set_args(offset, size, stride)
     if not strides and shape:
         # an empty stride means "not given": set_ uses contiguous strides (measured)
         acc, rev = 1, []
@@ -284,13 +290,12 @@ def _arr(values: tuple[int, ...]) -> str:
     return "[" + ", ".join(map(str, values)) + "]"
 
 
-def _requires_grad(rg: Any, dtype: str, message: str) -> bool:
+def _requires_grad(rg: Any, dtype: str) -> bool:
+    """`tensor.requires_grad = rg` (in _rebuild_tensor_v2)."""
     if not isinstance(rg, bool):
         raise Fail("RuntimeError", "requires_grad must be a bool")
-    if rg and dtype not in _FLOATING:
-        if dtype in _INTEGRAL:
-            raise Fail("RuntimeError", message)
-        raise unmodelled(f"requires_grad on dtype {dtype}")
+    if rg and dtype not in FLOATING:
+        raise Fail("RuntimeError", _NO_GRAD_SETTER)
     return rg
 
 
@@ -332,8 +337,7 @@ def _rebuild_tensor_v2(func: Global, args: tuple[Any, ...], so: StorageOf, opcod
                                         "requires_grad", "backward_hooks", "metadata"), 1)
     st = _storage_arg(args[0], so, "dtype")
     shape = _check_view(st, ITEMSIZE[st.dtype], args[1], args[2], args[3])
-    rg = _requires_grad(args[4], st.dtype,
-                        "only Tensors of floating point and complex dtype can require gradients")
+    rg = _requires_grad(args[4], st.dtype)
     _check_metadata(args[6] if len(args) > 6 else None, st.dtype)
     return _tensor("torch.Tensor", st.dtype, shape, func, args, opcode, off, rg)
 
@@ -346,11 +350,19 @@ def _rebuild_tensor_v3(func: Global, args: tuple[Any, ...], so: StorageOf, opcod
     dtype = _dtype_of(args[6])
     if dtype is None or dtype not in ITEMSIZE:
         raise unmodelled("_rebuild_tensor_v3 dtype argument that is not a torch dtype")
-    if not isinstance(args[4], bool) or (args[4] and dtype not in _FLOATING):
-        raise unmodelled("_rebuild_tensor_v3 requires_grad that is not False/True on float")
+    if not isinstance(args[4], bool):
+        raise unmodelled("_rebuild_tensor_v3 requires_grad that is not a bool")
+    if args[4]:
+        # torch.empty(dtype=..., requires_grad=True) refuses the dtype, or else the set_()
+        # that follows parses its arguments and refuses to change a leaf requiring grad
+        # (measured: before any offset/size/bounds check), so v3 never keeps requires_grad
+        if dtype not in FLOATING:
+            raise Fail("RuntimeError", _NO_GRAD)
+        _set_args(args[1], args[2], args[3])
+        raise Fail("RuntimeError", _LEAF_IN_PLACE)
     shape = _check_view(st, ITEMSIZE[dtype], args[1], args[2], args[3])
     _check_metadata(args[7] if len(args) > 7 else None, dtype)
-    return _tensor("torch.Tensor", dtype, shape, func, args, opcode, off, args[4])
+    return _tensor("torch.Tensor", dtype, shape, func, args, opcode, off)
 
 
 def _rebuild_parameter(func: Global, args: tuple[Any, ...], so: StorageOf, opcode: str,
@@ -378,11 +390,10 @@ def _rebuild_parameter(func: Global, args: tuple[Any, ...], so: StorageOf, opcod
             raise unmodelled("the type name of a requires_grad argument")
         raise Fail("TypeError", "_make_subclass(): argument 'require_grad' (position 3) must be bool, "
                    f"not {tn}")
-    if rg and dtype not in _FLOATING:
-        if dtype in _INTEGRAL:
-            raise Fail("RuntimeError", "Only Tensors of floating point and complex dtype can require "
-                       "gradients")
-        raise unmodelled(f"requires_grad on dtype {dtype}")
+    if rg and dtype not in FLOATING:
+        if dtype not in ITEMSIZE:
+            raise unmodelled(f"requires_grad on dtype {dtype}")
+        raise Fail("RuntimeError", _NO_GRAD)
     if with_state:
         _set_obj_state(args[3], so)
     return _tensor("torch.nn.parameter.Parameter", dtype, shape, func, args, opcode, off, rg)

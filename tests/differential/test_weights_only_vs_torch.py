@@ -16,8 +16,12 @@ from typing import Any
 
 import pytest
 
+from core.analysis import ScanOptions
+from core.dtypes import ITEMSIZE, STORAGE_DTYPE
+from core.scan import scan_path
 from core.weights_only import TorchError, emulate, unsafe_globals
-from tests.core.weights_only.cases import CASES, Case
+from tests.core.fastlane.torchlayout import torch_layout
+from tests.core.weights_only.cases import CASES, Case, Items, call, g, i, ints, od, pid, pk, s, v2
 from tests.core.weights_only.oracle import run_oracle, write_zip, zip_records
 from tests.core.weights_only.subclass import MyTensor
 
@@ -49,11 +53,61 @@ class Records:
 
 
 # Cases where the emulator is allowed to answer "Unmodelled" (never "loadable")
-UNMODELLED = {"location:meta"}
+UNMODELLED = {"location:meta",
+              "rg:v3-str-offset:float32"}  # set_()'s TypeError for its arguments is not modelled
 
 
 class _MyT(MyTensor):  # a subclass nobody allowlists (defined in a test module)
     pass
+
+
+def _v3(dtype: str, rg: str, off: Items | None = None, size: tuple[int, ...] = (2,),
+        stride: tuple[int, ...] = (1,)) -> Items:
+    """_rebuild_tensor_v3 of a `dtype` view over UntypedStorage "0" (2 elements of `dtype`)."""
+    return [g("torch._utils._rebuild_tensor_v3"), "MARK",
+            *pid("torch.storage.UntypedStorage", numel=2 * ITEMSIZE[dtype]), *(off or i(0)), *ints(size),
+            *ints(stride), rg, *od(), g(f"torch.{dtype}"), "TUPLE", "REDUCE"]
+
+
+def _requires_grad_cases() -> list[Case]:
+    """requires_grad=True on every dtype, through _rebuild_tensor_v2 (dtypes with a storage
+    class: the only ones a v2 call can see), _rebuild_tensor_v3 and _rebuild_parameter."""
+    out = []
+    storage_of = {dtype: name for name, dtype in STORAGE_DTYPE.items()}
+    for dtype, size in ITEMSIZE.items():
+        recs = {"data/0": b"\0" * 2 * size}   # room for the (2,) view
+        if dtype in storage_of:
+            out.append(Case(f"rg:v2:{dtype}", pk(*v2(pid(f"torch.{storage_of[dtype]}", numel=2), size=(2,),
+                                                     rg="NEWTRUE")), recs))
+        out.append(Case(f"rg:v3:{dtype}", pk(*_v3(dtype, "NEWTRUE")), recs))
+        out.append(Case(f"rg:param:{dtype}", pk(*call("torch._utils._rebuild_parameter",
+                                                      _v3(dtype, "NEWFALSE"), ["NEWTRUE"], od())), recs))
+    # v3: torch.empty refuses the dtype before set_() runs; set_() parses its arguments, then
+    # refuses the leaf before checking offset, lengths or bounds
+    for dtype in ("float32", "int64"):
+        views = {"len": _v3(dtype, "NEWTRUE", stride=(1, 1)), "neg-offset": _v3(dtype, "NEWTRUE", off=i(-1)),
+                 "bounds": _v3(dtype, "NEWTRUE", size=(9,)), "neg-size": _v3(dtype, "NEWTRUE", size=(-1,)),
+                 "empty": _v3(dtype, "NEWTRUE", size=(0,)), "str-offset": _v3(dtype, "NEWTRUE", off=s("x"))}
+        for name, items in views.items():
+            out.append(Case(f"rg:v3-{name}:{dtype}", pk(*items), {"data/0": b"\0" * 2 * ITEMSIZE[dtype]}))
+    # the Parameter rule is the dtype's, whatever rebuilt the data
+    qt = call("torch._utils._rebuild_qtensor", pid("torch.QUInt8Storage", numel=4), i(0), ints((4,)),
+              ints((1,)), ["MARK", g("torch.per_tensor_affine"), ("BINFLOAT", 0.5), *i(3), "TUPLE"],
+              ["NEWFALSE"], od())
+    param = call("torch._utils._rebuild_parameter", qt, ["NEWTRUE"], od())
+    out.append(Case("rg:param-qtensor:quint8", pk(*param), {"data/0": b"\0" * 4}))
+    for dtype in ("float8_e4m3fn", "uint32"):
+        meta = call("torch._utils._rebuild_meta_tensor_no_storage", [g(f"torch.{dtype}")], ints((2,)),
+                    ints((1,)), ["NEWFALSE"])
+        out.append(Case(f"rg:param-meta:{dtype}", pk(*call("torch._utils._rebuild_parameter", meta,
+                                                           ["NEWTRUE"], od()))))
+        state = call("torch._utils._rebuild_parameter_with_state", _v3(dtype, "NEWFALSE"), ["NEWTRUE"], od(),
+                     ["NONE"])
+        out.append(Case(f"rg:param-state:{dtype}", pk(*state), {"data/0": b"\0" * 2 * ITEMSIZE[dtype]}))
+    return out
+
+
+RG_CASES = _requires_grad_cases()
 
 
 def _saved_cases(tmp: Path) -> list[Case]:
@@ -144,7 +198,7 @@ def zip_records_from_bytes(data: bytes, path: Path) -> tuple[bytes, dict[str, by
 @pytest.fixture(scope="module")
 def oracle(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     tmp = tmp_path_factory.mktemp("wo")
-    cases = CASES + _saved_cases(tmp)
+    cases = CASES + RG_CASES + _saved_cases(tmp)
     jobs: list[dict[str, Any]] = []
     for n, case in enumerate(cases):
         path = write_zip(tmp / f"case{n}.pt", case.pkl, case.records)
@@ -154,7 +208,7 @@ def oracle(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return {c.name: (c, results[2 * k], results[2 * k + 1]) for k, c in enumerate(cases)}
 
 
-ALL_NAMES = [c.name for c in CASES] + [f"save:{n}" for n in (
+ALL_NAMES = [c.name for c in CASES + RG_CASES] + [f"save:{n}" for n in (
     "state_dict", "nested", "bytes", "bytes-empty", "bytearray", "set", "frozenset", "complex", "param",
     "param-attr", "tensor-attr", "dtype", "torch.float", "device", "size", "layout", "qscheme",
     "dtypes-all", "v3", "int-tensors", "empty-tensor", "scalar", "conj", "ordered", "counter",
@@ -188,6 +242,27 @@ def test_unsafe_globals_match_torch(oracle: dict[str, Any], name: str) -> None:
     else:
         assert isinstance(got, TorchError), (name, got, want)
         assert (got.type, got.message) == (want["type"], want["msg"]), name
+
+
+@pytest.mark.parametrize("name", [c.name for c in RG_CASES])
+def test_scan_matches_torch_load_on_requires_grad(oracle: dict[str, Any], name: str,
+                                                   tmp_path: Path) -> None:
+    """The whole scan, C-speed paths included, in both archive layouts: zipfile's (the
+    general path's fast path takes it) and torch's writer layout (the fast lane's)."""
+    case, want, _ = oracle[name]
+    storages = [(k.removeprefix("data/"), b) for k, b in case.records.items()]
+    zipped = write_zip(tmp_path / "zipfile.pt", case.pkl, case.records)
+    laid_out = tmp_path / "torch.pt"
+    laid_out.write_bytes(torch_layout("archive", case.pkl, storages))
+    for path in (zipped, laid_out):
+        wo = scan_path(path, options=ScanOptions(allow=frozenset(case.allow))).weights_only
+        if wo.error_type == "Unmodelled":
+            assert name in UNMODELLED, (name, path.name, wo)
+            continue
+        assert wo.loadable == want["ok"], (name, path.name, wo, want)
+        if not want["ok"]:
+            assert (wo.error_type, wo.error) == (want["type"], want["msg"].splitlines()[0]), \
+                (name, path.name, wo, want)
 
 
 def test_baseline_user_globals_match_fresh_import(tmp_path: Path) -> None:
