@@ -259,8 +259,10 @@ def _storage_sites(source: ByteSource, directory: ZipDirectory, prefix: str,
             except CkptError as exc:
                 an.add(exc.code, exc.message, record=exc.record, offset=exc.offset)
             else:
-                chained = {c.key: c.data_offset for c in chain}
                 verified = verify_chain(chain, directory, locals_, an)
+                # torch reads each record where its local header says (miniz), not where
+                # the chain lands: a mismatched storage falls back to its local header
+                chained = {c.key: c.data_offset for c in chain if verified.get(c.key)}
     elif storages and present:
         an.add(Code.TORCH_OFFSET_UNVERIFIABLE,
                "storage offsets cannot be chained (pre-2.7 layout or compressed records); "
