@@ -10,6 +10,7 @@ npz) need the central directory and are decided by core.scan.
 
 from __future__ import annotations
 
+import re
 import struct
 from dataclasses import dataclass
 from typing import Literal
@@ -20,8 +21,14 @@ Container = Literal["zip", "torch-legacy", "torch-tar", "pickle", "numpy", "safe
 ZIP_LOCAL_MAGIC = b"PK\x03\x04"
 ZIP_EOCD_MAGIC = b"PK\x05\x06"
 NUMPY_MAGIC = b"\x93NUMPY"
-# torch's legacy magic number 0x1950A86A20F9469CFC6C pickled as LONG1 (FORMATS.md §4.1)
+# torch's legacy magic number 0x1950A86A20F9469CFC6C pickled as LONG1 (FORMATS.md §4.1),
+# which is what the default protocol 2 writes ...
 TORCH_LEGACY_MAGIC = b"\x80\x02\x8a\x0a\x6c\xfc\x9c\x46\xf9\x20\x6a\xa8\x50\x19\x2e"
+# ... and as `torch.save(..., pickle_protocol=p)` writes it for every other protocol:
+# 3 (LONG1), 4/5 (a FRAME first), 0/1 (text LONG). torch reads all of them the same way.
+_LEGACY_MAGIC_PICKLE = re.compile(
+    rb"(?:\x80[\x02-\x05](?:\x95[\x00-\xff]{8})?\x8a\x0a\x6c\xfc\x9c\x46\xf9\x20\x6a\xa8\x50\x19"
+    rb"|[IL]119547037146038801333356L?\n)\.")
 HEAD_BYTES = 4096
 
 # Opcodes a protocol 0/1 pickle can start with (no PROTO): marks, constants, globals, ...
@@ -49,7 +56,7 @@ def sniff(head: bytes, tail: bytes, size: int) -> Sniffed:
         return Sniffed("torch-tar", zip_at_tail, "tar")
     if head.startswith(NUMPY_MAGIC):
         return Sniffed("numpy", zip_at_tail)
-    if head.startswith(TORCH_LEGACY_MAGIC):
+    if _LEGACY_MAGIC_PICKLE.match(head):
         return Sniffed("torch-legacy", zip_at_tail)
     if _looks_like_safetensors(head, size):
         return Sniffed("safetensors", zip_at_tail)

@@ -38,6 +38,16 @@ def test_torch_legacy_magic() -> None:
 
 
 @pytest.mark.parametrize("protocol", range(pickle.HIGHEST_PROTOCOL + 1))
+def test_torch_legacy_magic_in_every_protocol(protocol: int) -> None:
+    """torch.save(..., pickle_protocol=p) pickles the magic number with that protocol:
+    text LONG (0/1), LONG1 (2/3), a FRAME first (4/5); all are the legacy format."""
+    magic = pickle.dumps(0x1950A86A20F9469CFC6C, protocol=protocol)
+    assert _sniff(magic + pickle.dumps(1001, protocol=protocol)) == "torch-legacy"
+    # another number in the same place is a plain pickle
+    assert _sniff(pickle.dumps(0x1950A86A20F9469CFC6D, protocol=protocol)) == "pickle"
+
+
+@pytest.mark.parametrize("protocol", range(pickle.HIGHEST_PROTOCOL + 1))
 def test_plain_pickles_of_every_protocol(protocol: int) -> None:
     assert _sniff(pickle.dumps({"a": [1, 2.0, "x"]}, protocol=protocol)) == "pickle"
 
