@@ -157,7 +157,15 @@ def _analyze_zip(source: ByteSource, an: Analysis, kind: Sniffed) -> None:
 
     if try_torch_zip(source, an):   # a clean torch.save archive, proven in columns
         return
-    directory = read_directory(source, an.options.limits)
+    try:
+        directory = read_directory(source, an.options.limits)
+    except CkptError as exc:
+        if exc.code is Code.ZIP_NO_EOCD:   # torch.load opens it as a zip too, and fails
+            from core.formats.torch_zip import unreadable_zip_error
+            from core.pickle_scan import set_weights_only
+
+            set_weights_only(an, unreadable_zip_error(source.size), None)
+        raise
     if len(directory.entries) > an.options.limits.max_zip_entries:
         raise LimitExceeded(Code.LIMIT_ENTRIES, f"{len(directory.entries)} zip entries")
     zip_kind = classify_zip(directory)

@@ -26,7 +26,7 @@ from core.tensors import SiteTable, StorageSite, build_manifest
 from core.values import Global, PersId
 from core.weights_only import TorchError
 from core.zipcheck import check_archive, verify_crcs
-from core.zipdir import LocalHeader, ZipDirectory, ZipEntry, read_local_headers, read_record
+from core.zipdir import EOCD_SIZE, LocalHeader, ZipDirectory, ZipEntry, read_local_headers, read_record
 
 _MINIZ_HINT = (". This is an internal miniz error. If you are seeing this error, there is a high "
                "likelihood that your checkpoint file is corrupted. This can happen if the checkpoint "
@@ -39,6 +39,14 @@ _U = ("In PyTorch 2.6, we changed the default value of the `weights_only` argume
 META_RECORDS = ("version", ".data/version", "byteorder", ".format_version", ".storage_alignment")
 KNOWN_RECORDS = frozenset(("data.pkl", ".data/serialization_id", *META_RECORDS))
 SMALL_RECORD_MAX = 4096
+
+
+def unreadable_zip_error(size: int) -> TorchError:
+    """torch.load on a file that starts like a zip but has no end record miniz finds (a
+    truncated download): miniz's words, by its size check first."""
+    reason = "not a ZIP archive" if size < EOCD_SIZE else "failed finding central directory"
+    return TorchError("RuntimeError", f"PytorchStreamReader failed reading zip archive: {reason}"
+                      + _MINIZ_HINT)
 
 
 def missing_record_error(name: str) -> TorchError:
