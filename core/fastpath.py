@@ -49,7 +49,7 @@ class _ODict(OrderedDict[Any, Any]):
         self.__dict__.update(state)
 
 
-class _StubMeta(type):
+class StubMeta(type):
     node: Global
 
     def __call__(cls, *args: Any) -> Any:
@@ -59,7 +59,7 @@ class _StubMeta(type):
         raise Decline(f"call of {cls.node.full}")
 
 
-class _GlobalStub(metaclass=_StubMeta):
+class GlobalStub(metaclass=StubMeta):
     node: Global
 
     def __new__(cls, *args: Any) -> Any:  # NEWOBJ
@@ -68,7 +68,7 @@ class _GlobalStub(metaclass=_StubMeta):
 
 def _as_value(x: Any) -> Any:
     """Stub classes that appear as plain values become Global nodes."""
-    return x.node if type(x) is _StubMeta else x
+    return x.node if type(x) is StubMeta else x
 
 
 # Only the rebuild calls a plain state_dict needs; the rest (quantized, sparse, meta,
@@ -85,17 +85,17 @@ def _make_stub(node: Global, calls: list[Call],
     if full == "collections.OrderedDict":
         return _ODict
     if full not in _REBUILDERS:
-        return _StubMeta(node.name, (_GlobalStub,), {"node": node})
+        return StubMeta(node.name, (GlobalStub,), {"node": node})
 
     def reduce(cls: type, args: tuple[Any, ...]) -> Any:
-        if _StubMeta in map(type, args):  # a dtype/layout global among the arguments
+        if StubMeta in map(type, args):  # a dtype/layout global among the arguments
             args = tuple(map(_as_value, args))
         call = Call(node, args)
         if check_call is not None:
             call.attrs["dtype"] = check_call(full, args)
         calls.append(call)
         return call
-    return _StubMeta(node.name, (_GlobalStub,), {"node": node, "reduce": classmethod(reduce)})
+    return StubMeta(node.name, (GlobalStub,), {"node": node, "reduce": classmethod(reduce)})
 
 
 @dataclass(slots=True)
@@ -126,7 +126,7 @@ def fast_load(data: bytes, *, allowed: Callable[[str], bool],
         def persistent_load(self, pid: Any) -> Any:
             if type(pid) is not tuple or len(pid) < 2:
                 raise Decline("persistent id is not a storage tuple")
-            if type(pid[1]) is _StubMeta:
+            if type(pid[1]) is StubMeta:
                 pid = (pid[0], pid[1].node, *pid[2:])
             check_pid(pid)
             node = PersId(pid)

@@ -365,3 +365,43 @@ def test_weights_only_flag_and_scan_agree_with_torch(torch_corpus: dict[str, Cas
     assert loads == case.weights_only
     report = scan_path(case.path)
     assert report.weights_only.loadable == loads, report.weights_only
+
+
+# ---- keys that are not plain data (core.tensors.segment): torch-written, named by `_key` ------------
+
+
+def _key_cases() -> dict[str, Any]:
+    import collections
+    t = torch.arange
+    return {
+        "counter": {"c": collections.Counter({"a": t(1.0), torch.float16: t(2.0), b"z": t(3.0)})},
+        "bytes-key": {b"k\xff": t(2.0), b"": t(1.0), "k": t(3.0)},
+        "dtype-key": {torch.float16: t(3.0), torch.bfloat16: t(1.0), torch.int8: t(2.0)},
+        "device-key": {torch.device("cpu"): t(4.0), torch.device("cuda", 1): t(1.0),
+                       torch.device("meta"): t(2.0)},
+        "size-key": {torch.Size([2, 3]): t(1.0), torch.Size([]): t(2.0)},
+        "layout-qscheme-key": {torch.strided: t(1.0), torch.sparse_coo: t(2.0),
+                               torch.per_channel_affine: t(3.0)},
+        "tuple-key": {(1, "a"): t(1.0), ("b",): t(2.0), (): t(3.0), (None, 1.5, True): t(1.0),
+                      (b"x\xff", torch.float32, torch.device("cpu"), torch.Size([1]), (2, (3,))): t(4.0)},
+        "frozenset-key": {frozenset({3, 1, 2}): t(1.0), frozenset(): t(2.0),
+                          frozenset({(1, 2), 7.5, 100}): t(3.0), (frozenset({8}),): t(1.0)},
+        "complex-key": {1 + 2j: t(1.0), (0.5j,): t(2.0)},
+        "nested-key-containers": {"od": collections.OrderedDict([(torch.float16, t(1.0))]),
+                                  "c": collections.Counter({(1, b"q"): t(2.0)}),
+                                  "dd": collections.defaultdict(list, {torch.device("cpu"): t(3.0)}),
+                                  "l": [{b"in": t(1.0)}]},
+    }
+
+
+@pytest.mark.parametrize("case_id", list(_key_cases()))
+def test_key_names_match_torch(tmp_path: Path, case_id: str) -> None:
+    path = tmp_path / f"{case_id}.pt"
+    torch.save(_key_cases()[case_id], path)
+    case = Case(case_id, path, "non-plain dict keys", weights_only=None)
+    tensors, storages, findings = graph_manifest(case)
+    compare(case, tensors, storages)
+    assert not [f for f in findings if f.code.startswith("TORCH_")], findings
+    assert not [t.name for t in tensors if "@" in t.name or "Call(" in t.name or "Global(" in t.name]
+    tensors, storages, _ = scan_manifest(case)
+    compare(case, tensors, storages)
