@@ -91,3 +91,12 @@ def storage_dtype(module: str, name: str) -> str | None:
     if module == "torch.cuda" and name in CUDA_STORAGES:
         return STORAGE_DTYPE[name]
     return None
+
+# torch 2.13's device types, in the order its "Expected one of ..." message lists them
+DEVICE_TYPES: tuple[str, ...] = (
+    "cpu", "cuda", "ipu", "xpu", "mkldnn", "opengl", "opencl", "ideep", "hip", "ve", "fpga", "maia",
+    "xla", "lazy", "vulkan", "mps", "meta", "hpu", "mtia", "privateuseone")
+# the layouts `torch.serialization._get_layout` knows
+LAYOUTS: frozenset[str] = frozenset(
+    ("torch.strided", "torch.sparse_coo", "torch.sparse_csr", "torch.sparse_csc",
+     "torch.sparse_bsr", "torch.sparse_bsc", "torch._mkldnn", "torch.jagged"))

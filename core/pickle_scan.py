@@ -23,6 +23,7 @@ from core.names import python_map
 from core.pickletoken import Tokens
 from core.report import WeightsOnly
 from core.threats import assess
+from core.torch_rebuild import numpy_dtype_class
 from core.values import Global, PersId
 from core.vm import GlobalUse, VmResult, run_vm
 from core.weights_only import (
@@ -195,6 +196,8 @@ def set_weights_only(an: Analysis, error: TorchError | None, pickle_data: bytes 
         listed = unsafe_globals(pickle_data, an.options.allow) if pickle_data else []
         unsafe = listed if isinstance(listed, list) else []
     benign = sorted(g.full for g in an.globals.values() if g.status == "benign")
+    if pickle_data and "numpy.dtype" in benign:
+        benign = sorted(set(benign) | (numpy_dtype_classes(pickle_data, an) - an.options.allow))
     an.weights_only = WeightsOnly(
         loadable=error is None,
         error=first_line(error.message) if error else None,
@@ -205,3 +208,17 @@ def set_weights_only(an: Analysis, error: TorchError | None, pickle_data: bytes 
     if error is not None:
         message = first_line(error.message) or error.type
         an.add(Code.TORCH_WEIGHTS_ONLY_FAILED, f"{error.type}: {message}", offset=error.offset)
+
+
+def numpy_dtype_classes(pickle_data: bytes, an: Analysis) -> set[str]:
+    """The numpy DType classes (`numpy.dtypes.UInt32DType`...) the `numpy.dtype(spec, ...)`
+    calls of the pickle make: torch BUILDs on them, so the hint must allowlist them too."""
+    vm = run_vm(pickle_data, limits=an.options.limits)
+    out = set()
+    for call in vm.calls:
+        if isinstance(call.func, Global) and call.func.full == "numpy.dtype" \
+                and isinstance(call.args, tuple) and call.args:
+            cls = numpy_dtype_class(call.args[0])
+            if cls is not None:
+                out.add(cls)
+    return out

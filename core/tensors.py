@@ -58,7 +58,15 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from core.analysis import Analysis
-from core.dtypes import FLOATING, ITEMSIZE, PACKED_PER_BYTE, UNTYPED_STORAGES, storage_dtype
+from core.dtypes import (
+    DEVICE_TYPES,
+    FLOATING,
+    ITEMSIZE,
+    LAYOUTS,
+    PACKED_PER_BYTE,
+    UNTYPED_STORAGES,
+    storage_dtype,
+)
 from core.errors import Code, LimitExceeded
 from core.fastpath import StubMeta
 from core.report import StorageEntry, TensorEntry
@@ -622,9 +630,6 @@ _INT_BITS = 14_000        # 2**14000 has 4215 decimal digits, under CPython's 43
 _KEY_CHARS = 1_000
 _KEY_DEPTH = 32
 _SEED_FREE_NODES = 10_000
-_DEVICE_TYPES = frozenset({
-    "cpu", "cuda", "ipu", "xpu", "mkldnn", "opengl", "opencl", "ideep", "hip", "ve", "fpga", "maia",
-    "xla", "lazy", "vulkan", "mps", "meta", "hpu", "mtia", "privateuseone"})  # torch 2.13's list
 _DEVICE = re.compile(r"([a-z]+)(?::(0|[1-9][0-9]{0,2}))?")
 _MAX_DEVICE_INDEX = 127   # c10::DeviceIndex is int8; larger indexes wrap or fail
 _ENCODINGS = frozenset({"latin1", "latin-1"})   # what pickle writes; torch_rebuild models these
@@ -634,8 +639,6 @@ _DEVICE_G = Global("torch", "device")
 _SIZE = Global("torch", "Size")
 _LAYOUT = Global("torch.serialization", "_get_layout")
 _COMPLEX = Global("builtins", "complex")
-_LAYOUTS = frozenset({"torch.strided", "torch.sparse_coo", "torch.sparse_csr", "torch.sparse_csc",
-                      "torch.sparse_bsr", "torch.sparse_bsc", "torch._mkldnn", "torch.jagged"})
 _SETS = {Global("builtins", "frozenset"): True, Global("builtins", "set"): False}
 
 
@@ -826,7 +829,7 @@ class _KeyText:
                     and all(type(v) is int and v.bit_length() <= _INT_BITS for v in args[0]):
                 self.put(f"torch.Size([{', '.join(map(repr, args[0]))}])")
                 return
-            if g == _LAYOUT and len(args) == 1 and args[0] in _LAYOUTS:
+            if g == _LAYOUT and len(args) == 1 and args[0] in LAYOUTS:
                 self.put(args[0])      # a layout's repr is the name _get_layout looks up
                 return
             if g == _COMPLEX and 1 <= len(args) <= 2 and all(
@@ -864,7 +867,7 @@ class _KeyText:
         if not 1 <= len(args) <= 2 or type(args[0]) is not str:
             return False
         m = _DEVICE.fullmatch(args[0])
-        if m is None or m.group(1) not in _DEVICE_TYPES:
+        if m is None or m.group(1) not in DEVICE_TYPES:
             return False
         index: int | None = None if m.group(2) is None else int(m.group(2))
         if len(args) == 2 and args[1] is not None:

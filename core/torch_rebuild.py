@@ -21,11 +21,20 @@ nested, wrapper-subclass and device-copy rebuilders, legacy Tensor constructors
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from core.dtypes import FLOATING, ITEMSIZE, PACKED_PER_BYTE, STORAGE_DTYPE, TORCH_DTYPE_GLOBALS
+from core.dtypes import (
+    DEVICE_TYPES,
+    FLOATING,
+    ITEMSIZE,
+    LAYOUTS,
+    PACKED_PER_BYTE,
+    STORAGE_DTYPE,
+    TORCH_DTYPE_GLOBALS,
+)
 from core.values import Call, Global, PersId
 
 QSCHEMES = frozenset(("per_tensor_affine", "per_tensor_symmetric", "per_channel_affine",
@@ -57,10 +66,7 @@ _CLASS_STR = {"builtins.bytearray": "bytearray", "builtins.set": "set", "builtin
 _NO_GRAD_SETTER = "only Tensors of floating point and complex dtype can require gradients"
 _NO_GRAD = "Only Tensors of floating point and complex dtype can require gradients"
 _LEAF_IN_PLACE = "a leaf Variable that requires grad is being used in an in-place operation."
-_LAYOUTS = frozenset(("torch.strided", "torch.sparse_coo", "torch.sparse_csr", "torch.sparse_csc",
-                      "torch.sparse_bsr", "torch.sparse_bsc", "torch._mkldnn", "torch.jagged"))
-_DEVICE_TYPES = ("cpu, cuda, ipu, xpu, mkldnn, opengl, opencl, ideep, hip, ve, fpga, maia, xla, "
-                 "lazy, vulkan, mps, meta, hpu, mtia, privateuseone")
+_DEVICE_TYPES = ", ".join(DEVICE_TYPES)
 _INT64_SAFE = 1 << 62
 # data descriptors of torch.Tensor / nn.Parameter: setattr on them is not a plain store
 # (tests/differential checks this list against torch)
@@ -646,30 +652,76 @@ def _size(func: Global, args: tuple[Any, ...], so: StorageOf, opcode: str, off: 
     raise unmodelled("torch.Size of anything but a sequence of ints")
 
 
+_DEVICE_STRING = re.compile(r"([a-zA-Z_]+)(?::([1-9][0-9]*|0))?")
+# how torch's python arg parser names a plain Python value's type in its messages
+_PLAIN_TYPES = (type(None), bool, int, float, str, list, tuple, dict)
+_INVALID_DEVICE = ("device() received an invalid combination of arguments - got ({got}), but expected "
+                   "one of:\n * (torch.device device)\n{why} * (str type, int index = -1)\n")
+
+
+def _plain_type(v: Any) -> str | None:
+    return type(v).__name__ if type(v) in _PLAIN_TYPES else None
+
+
 def _device(func: Global, args: tuple[Any, ...], so: StorageOf, opcode: str, off: int) -> Call:
-    if args and isinstance(args[0], str) and (len(args) == 1 or (len(args) == 2 and _is_int(args[1]))):
-        text = args[0]
-        head = text.split(":", 1)[0]
-        if text in ("cpu", "cuda", "meta", "mps") or (len(args) == 1 and head in ("cpu", "cuda")
-                                                      and text[len(head) + 1:].isdigit()
-                                                      and text[len(head) + 1:].isascii()
-                                                      and len(text) < 16):
-            if len(args) == 2 and (not -1 <= args[1] < 1 << 15 or ":" in text):
-                raise unmodelled("torch.device with an odd index")
-            return _simple("torch.device")(func, args, so, opcode, off)
-        if text and text.isalpha() and text.isascii() and text not in _DEVICE_TYPES.split(", "):
-            raise Fail("RuntimeError", f"Expected one of {_DEVICE_TYPES} device type at start of device "
-                       f"string: {text}")
-    if args == ():
-        raise Fail("TypeError", "device() received an invalid combination of arguments - got (), but "
-                   "expected one of:\n * (torch.device device)\n * (str type, int index = -1)\n")
-    raise unmodelled("torch.device with these arguments")
+    """`torch.device(*args)` in torch 2.13 on a host without accelerators (measured for every
+    device type: tests/differential): the string is parsed and the type checked, no backend
+    is needed to construct the object."""
+    make = _simple("torch.device")
+    kinds = [_plain_type(a) for a in args]
+    if len(args) == 0 or len(args) > 2:
+        if None in kinds:
+            raise unmodelled("torch.device with these arguments")
+        raise Fail("TypeError", _INVALID_DEVICE.format(got=", ".join(kinds), why=""))  # type: ignore[arg-type]
+    first = args[0]
+    if len(args) == 1:
+        if isinstance(first, Call) and first.attrs.get("type") == "torch.device":
+            return make(func, args, so, opcode, off)   # a copy of a device
+        if kinds[0] in ("NoneType", "float", "bool", "dict") or first in ([], ()):
+            shown = {"list": "list of []", "tuple": "tuple of ()"}.get(kinds[0], kinds[0])  # type: ignore[arg-type]
+            raise Fail("TypeError", _INVALID_DEVICE.format(
+                got=kinds[0], why=f"      didn't match because some of the arguments have invalid types: "
+                f"(!{shown}!)\n"))
+        if kinds[0] != "str":
+            # an int means "the current accelerator": the answer depends on the host
+            raise unmodelled("torch.device with these arguments")
+    else:
+        if kinds[0] is None or kinds[1] is None:
+            raise unmodelled("torch.device with these arguments")
+        if kinds[0] != "str":
+            raise Fail("TypeError", f"device(): argument 'type' (position 1) must be str, not {kinds[0]}")
+        if kinds[1] not in ("int", "NoneType"):
+            raise Fail("TypeError", f"device(): argument 'index' (position 2) must be int, not {kinds[1]}")
+    text: str = first
+    if "\0" in text:
+        raise unmodelled("a device string with a NUL")   # C++ cuts the message there
+    if not text:
+        raise Fail("RuntimeError", "Device string must not be empty")
+    m = _DEVICE_STRING.fullmatch(text)
+    if m is None:
+        raise Fail("RuntimeError", f"Invalid device string: '{text}'")
+    kind, index = m.groups()
+    if index is not None and int(index) > 2**31 - 1:   # std::stoi
+        raise Fail("RuntimeError", f"Could not parse device index '{index}' in device string '{text}'")
+    if kind not in DEVICE_TYPES:
+        raise Fail("RuntimeError", f"Expected one of {_DEVICE_TYPES} device type at start of device "
+                   f"string: {kind}")
+    if len(args) == 2:
+        if index is not None and int(index) % 256 != 255:  # DeviceIndex is int8: -1 is "no index"
+            raise Fail("RuntimeError", "type (string) must not include an index because index was passed "
+                       f"explicitly: {text}")
+        if args[1] is not None:
+            if not -(1 << 63) <= args[1] < 1 << 63:
+                raise Fail("ValueError", "Overflow when unpacking long long")
+            if args[1] < 0:
+                raise Fail("RuntimeError", "Device index must not be negative")
+    return make(func, args, so, opcode, off)
 
 
 def _get_layout(func: Global, args: tuple[Any, ...], so: StorageOf, opcode: str, off: int) -> Call:
     _arity("_get_layout", args, ("name",))
     name = args[0]
-    if isinstance(name, str) and name in _LAYOUTS:
+    if isinstance(name, str) and name in LAYOUTS:
         return _simple("torch.layout", value=name)(func, args, so, opcode, off)
     if isinstance(name, (str, int)) and not isinstance(name, bool):
         raise Fail("KeyError", repr(name))
@@ -750,9 +802,162 @@ def hash_error(v: Any, storage_of: StorageOf, depth: int = 0) -> str | None:
         if t in ("torch.Tensor", "torch.nn.parameter.Parameter", "bytes", "complex", "torch.device",
                  "torch.layout"):
             return None
-        if t == "torch.Size":
+        if t == "torch.Size" or t == "functools.partial" or (isinstance(t, str) and t.startswith(
+                ("numpy.dtypes.", "numpy.bool", "numpy.int", "numpy.uint", "numpy.float", "numpy.complex",
+                 "numpy.longdouble", "numpy.clongdouble"))):
             return None
+        if t in ("collections.defaultdict", "collections.deque", "numpy.ndarray"):
+            return f"unhashable type: '{t}'"
         raise unmodelled(f"hash of a {t}")
     if isinstance(v, PersId):
         raise unmodelled("a storage used as a dict key or set member")
     return None
+
+
+# -- user-allowlisted callables whose result type we know (numpy, collections, functools) --
+# numpy 2.x (the version next to torch 2.13 here): `type(np.dtype(spec))` for the spec strings
+# numpy's own `dtype.__reduce__` writes, with an optional byte-order prefix; the scalar type
+# `numpy._core.multiarray.scalar(dtype, bytes)` makes; the itemsize. Measured
+# (tests/core/weights_only/test_numpy_vs_torch.py checks the table against numpy).
+NUMPY_DTYPES: dict[str, tuple[str, str, int]] = {
+    "b1": ("BoolDType", "numpy.bool", 1),
+    "i1": ("Int8DType", "numpy.int8", 1), "i2": ("Int16DType", "numpy.int16", 2),
+    "i4": ("Int32DType", "numpy.int32", 4), "i8": ("Int64DType", "numpy.int64", 8),
+    "u1": ("UInt8DType", "numpy.uint8", 1), "u2": ("UInt16DType", "numpy.uint16", 2),
+    "u4": ("UInt32DType", "numpy.uint32", 4), "u8": ("UInt64DType", "numpy.uint64", 8),
+    "f2": ("Float16DType", "numpy.float16", 2), "f4": ("Float32DType", "numpy.float32", 4),
+    "f8": ("Float64DType", "numpy.float64", 8), "f16": ("LongDoubleDType", "numpy.longdouble", 16),
+    "c8": ("Complex64DType", "numpy.complex64", 8), "c16": ("Complex128DType", "numpy.complex128", 16),
+    "c32": ("CLongDoubleDType", "numpy.clongdouble", 32),
+    "O": ("ObjectDType", "", 8), "O8": ("ObjectDType", "", 8),
+    "M8": ("DateTime64DType", "", 8), "m8": ("TimeDelta64DType", "", 8),
+}
+_FLEXIBLE = {"S": "BytesDType", "U": "StrDType", "V": "VoidDType"}
+_NUMPY_SPEC = re.compile(r"([<>|=]?)([SUV])([0-9]{1,6})|([<>|=]?)([a-zA-Z][0-9]{0,2})")
+NUMPY_RECONSTRUCT = frozenset(("numpy._core.multiarray._reconstruct", "numpy.core.multiarray._reconstruct"))
+NUMPY_SCALAR = frozenset(("numpy._core.multiarray.scalar", "numpy.core.multiarray.scalar"))
+
+
+def numpy_dtype_class(spec: Any) -> str | None:
+    """`numpy.dtypes.X` for `type(numpy.dtype(spec))`; None for a spec not in the table."""
+    m = _NUMPY_SPEC.fullmatch(spec) if isinstance(spec, str) and spec.isascii() else None
+    if m is None:
+        return None
+    if m.group(2):
+        return f"numpy.dtypes.{_FLEXIBLE[m.group(2)]}"
+    entry = NUMPY_DTYPES.get(m.group(5))
+    return f"numpy.dtypes.{entry[0]}" if entry else None
+
+
+def _user_numpy_dtype(func: Global, args: tuple[Any, ...], so: StorageOf) -> Call | None:
+    # numpy.dtype(spec[, align[, copy]]): numpy writes (spec, False, True)
+    if not 1 <= len(args) <= 3 or not all(isinstance(a, bool) for a in args[1:]):
+        return None
+    cls = numpy_dtype_class(args[0])
+    if cls is None:
+        return None
+    c = Call(func, args, "REDUCE", -1)
+    m = _NUMPY_SPEC.fullmatch(args[0])
+    assert m is not None
+    entry = NUMPY_DTYPES.get(m.group(5) or "")
+    # the (elsize, alignment, flags) numpy writes in the BUILD state (datetimes: not modelled)
+    size = int(m.group(3)) if m.group(2) else -1
+    tail = {"S": (size, 1, 0), "U": (4 * size, 4, 8), "V": (size, 1, 0)}.get(m.group(2) or "")
+    if entry and entry[1]:
+        tail = (-1, -1, 0)
+    elif cls == "numpy.dtypes.ObjectDType":
+        tail = (-1, -1, 63)
+    c.attrs.update(type=cls, build="state", scalar=entry[1] if entry else "",
+                   itemsize=entry[2] if entry else tail[0] if tail else None, tail=tail)
+    return c
+
+
+def _user_reconstruct(func: Global, args: tuple[Any, ...], so: StorageOf) -> Call | None:
+    # numpy's ndarray.__reduce__: _reconstruct(ndarray, (0,), b'b'); BUILD then sets the data
+    if (len(args) == 3 and isinstance(args[0], Global) and args[0].full == "numpy.ndarray"
+            and isinstance(args[1], tuple) and all(_is_int(x) and 0 <= x < 1 << 31 for x in args[1])
+            and isinstance(args[2], Call) and args[2].attrs.get("type") == "bytes"):
+        c = Call(func, args, "REDUCE", -1)
+        c.attrs.update(type="numpy.ndarray", build="state")
+        return c
+    return None
+
+
+def _user_scalar(func: Global, args: tuple[Any, ...], so: StorageOf) -> Call | None:
+    # numpy's scalar.__reduce__: scalar(dtype, raw bytes) for fixed-size numeric types
+    if len(args) != 2 or not isinstance(args[0], Call) or not args[0].attrs.get("scalar"):
+        return None
+    raw = args[1]
+    if not (isinstance(raw, Call) and raw.attrs.get("type") == "bytes"
+            and len(raw.attrs.get("value", b"")) == args[0].attrs.get("itemsize")):
+        return None
+    c = Call(func, args, "REDUCE", -1)
+    c.attrs.update(type=args[0].attrs["scalar"])
+    return c
+
+
+def user_model(func: Global, args: Any, callables: Callable[[Any], bool], so: StorageOf) -> Call | None:
+    """The result of a user-allowlisted callable we have measured, else None.
+
+    `callables(v)` says whether `v` is a global torch can call (a class or function). The
+    result's attrs: "type" (what `type(result)` prints), "build": "state" when BUILD
+    (`__setstate__`) accepts the state numpy writes, "partial" for functools.partial's own
+    check; no "build" when BUILD on it is not modelled.
+    """
+    if not isinstance(args, tuple):
+        return None
+    full = func.full
+    if full == "numpy.dtype":
+        return _user_numpy_dtype(func, args, so)
+    if full in NUMPY_RECONSTRUCT:
+        return _user_reconstruct(func, args, so)
+    if full in NUMPY_SCALAR:
+        return _user_scalar(func, args, so)
+    c = Call(func, args, "REDUCE", -1)
+    if full == "collections.defaultdict" and len(args) <= 1 and (not args or args[0] is None
+                                                                  or callables(args[0])):
+        c.attrs.update(type="collections.defaultdict")
+        return c
+    if full == "collections.deque" and len(args) <= 2 and (
+            not args or isinstance(args[0], (list, tuple))) and (
+            len(args) < 2 or args[1] is None or (_is_int(args[1]) and 0 <= args[1] < 1 << 62)):
+        c.attrs.update(type="collections.deque")
+        return c
+    if full == "functools.partial" and args and callables(args[0]):
+        c.attrs.update(type="functools.partial", build="partial")
+        return c
+    return None
+
+
+def check_partial_state(state: Any, callables: Callable[[Any], bool]) -> None:
+    """`functools.partial.__setstate__`: only the state CPython itself writes is modelled."""
+    if not (isinstance(state, tuple) and len(state) == 4 and callables(state[0])
+            and isinstance(state[1], tuple) and (state[2] is None or isinstance(state[2], dict))
+            and (state[3] is None or isinstance(state[3], dict))
+            and all(isinstance(k, str) for d in state[2:] if d for k in d)):
+        raise unmodelled("functools.partial BUILD with this state")
+
+
+def check_numpy_state(inst: Call, state: Any) -> None:
+    """`__setstate__` of a numpy dtype / ndarray: only the states numpy itself writes."""
+    t = inst.attrs.get("type")
+    if t == "numpy.ndarray":
+        if (isinstance(state, tuple) and len(state) == 5 and state[0] == 1 and type(state[0]) is int
+                and isinstance(state[1], tuple) and all(_is_int(x) and 0 <= x < 1 << 31 for x in state[1])
+                and isinstance(state[2], Call) and isinstance(state[3], bool)):
+            numel = 1
+            for x in state[1]:
+                numel *= x
+            dt, data = state[2].attrs, state[4]
+            if dt.get("type") == "numpy.dtypes.ObjectDType" and type(data) is list and len(data) == numel:
+                return
+            if (dt.get("tail") and isinstance(data, Call) and data.attrs.get("type") == "bytes"
+                    and len(data.attrs.get("value", b"")) == numel * dt["itemsize"]):
+                return
+        raise unmodelled("ndarray BUILD with this state")
+    if (isinstance(state, tuple) and len(state) == 8 and state[0] == 3 and type(state[0]) is int
+            and state[1] in ("<", ">", "|", "=") and state[2:5] == (None, None, None)
+            and inst.attrs.get("tail") is not None and state[5:] == inst.attrs["tail"]
+            and all(type(x) is int for x in state[5:])):
+        return
+    raise unmodelled(f"BUILD of a {t} with this state")

@@ -42,10 +42,14 @@ from core.torch_rebuild import (
     Fail,
     StorageInfo,
     call_allowed,
+    check_numpy_state,
+    check_partial_state,
     class_repr,
+    global_kind,
     hash_error,
     str_value,
     type_name,
+    user_model,
 )
 from core.values import Call, Global, PersId
 
@@ -54,6 +58,8 @@ ALLOWED_GLOBALS: frozenset[str] = frozenset(
     [*CLASSES, "torch.serialization._get_layout", "_codecs.encode",
      "torch._tensor._rebuild_from_type_v2", *REBUILDERS, *STORAGE_GLOBALS, *TENSOR_TYPE_GLOBALS]
     + [f"torch.{d}" for d in TORCH_DTYPE_GLOBALS] + [f"torch.{q}" for q in QSCHEMES])
+_CALLABLE_KINDS = frozenset(("type", "function", "builtin_function_or_method", "torch._C._TensorMeta",
+                             "torch.nn.parameter._ParameterMeta", "torch.tensortype"))
 BLOCKED_MODULES: frozenset[str] = frozenset(("sys", "os", "posix", "nt"))
 # what a fresh `import torch` (2.13, CPU) puts in the user safe set (FORMATS.md §3.2)
 BASELINE_USER_GLOBALS: frozenset[str] = frozenset((
@@ -469,9 +475,19 @@ class _Emulator:
         except Fail as exc:
             raise self.fail(exc.type, exc.message) from None
 
+    def callable_global(self, v: Any) -> bool:
+        """`v` is a global torch can call: a user-allowlisted one, or an allowlisted class/function."""
+        return isinstance(v, Global) and (v.full in self.allowed or global_kind(v.full) in _CALLABLE_KINDS)
+
     def user_call(self, func: Global, args: Any, opcode: str) -> Call:
         # a user-allowlisted callable: its behaviour is the user's; the result is taken to be
-        # an instance of that class (BUILD/SETITEM checks then follow type(inst))
+        # an instance of that class (BUILD/SETITEM checks then follow type(inst)), unless we
+        # measured what it returns (numpy dtype/ndarray/scalar, defaultdict, deque, partial)
+        if opcode == "REDUCE":
+            known = user_model(func, args, self.callable_global, self.storage_of)
+            if known is not None:
+                known.offset = self.op_offset
+                return known
         c = Call(func, args, opcode, self.op_offset)
         # NEWOBJ makes an instance of `func`; REDUCE does too when `func` is a class, which we
         # can only guess from the name (a factory function's result has an unknown type)
@@ -487,10 +503,20 @@ class _Emulator:
                 raise self.fail("Unmodelled", "not modelled: OrderedDict BUILD with a non-dict state")
             inst.state.append(state)
             return
+        if isinstance(inst, Call) and inst.attrs.get("build") and t in self.allowed:
+            try:  # type(inst) allowlisted: torch calls its __setstate__
+                if inst.attrs["build"] == "partial":
+                    check_partial_state(state, self.callable_global)
+                else:
+                    check_numpy_state(inst, state)
+            except Fail as exc:
+                raise self.fail(exc.type, exc.message) from None
+            inst.state.append(state)
+            return
         if isinstance(inst, Call) and inst.attrs.get("user"):
             inst.state.append(state)
             return
-        if t in ALLOWED_GLOBALS or f"builtins.{t}" in ALLOWED_GLOBALS:
+        if t in ALLOWED_GLOBALS or f"builtins.{t}" in ALLOWED_GLOBALS or t in self.allowed:
             raise self.fail("Unmodelled", f"not modelled: BUILD on {t}")
         raise self.fail("UnpicklingError", "Can only build Tensor, Parameter, OrderedDict or types "
                         f"allowlisted via `add_safe_globals`, but got {class_repr(t)}")

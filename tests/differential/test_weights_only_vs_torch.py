@@ -179,7 +179,75 @@ def _saved_cases(tmp: Path) -> list[Case]:
         allow = {"namespace-allowed": ["argparse.Namespace"],
                  "subclass-allowed": ["tests.core.weights_only.subclass.MyTensor"]}.get(name, [])
         out.append(Case(f"save:{name}", pkl, recs, allow))
+    for name, obj, allow in _allowlisted_objects():
+        buf = io.BytesIO()
+        torch.save(obj, buf)
+        pkl, recs = zip_records_from_bytes(buf.getvalue(), tmp / f"save-{name}.pt")
+        out.append(Case(f"save:{name}", pkl, recs, allow))
     return out
+
+
+_REC = "numpy._core.multiarray._reconstruct"
+_ARR = [_REC, "numpy.ndarray", "numpy.dtype"]
+_SCALAR = ["numpy._core.multiarray.scalar", "numpy.dtype"]
+
+
+def _allowlisted_objects() -> list[tuple[str, Any, list[str]]]:
+    """numpy values, defaultdict/deque/partial and non-cpu devices, each with the allowlist a
+    user reaches by adding the globals torch asks for one by one: the step where torch
+    refuses to BUILD a numpy DType it does not know, then the full list (torch loads it)."""
+    import collections
+    import functools
+
+    import numpy as np
+
+    rng = {"w": torch.ones(2), "np_rng": np.random.RandomState(0).get_state()}
+    numpy_objs: list[tuple[str, Any, list[str], str]] = [
+        ("np-rng", rng, _ARR, "UInt32DType"),
+        ("np-float32", np.float32(1.0), _SCALAR, "Float32DType"),
+        ("np-int64", np.int64(3), _SCALAR, "Int64DType"),
+        ("np-bool", np.bool_(True), _SCALAR, "BoolDType"),
+        ("np-float16-array", np.ones(3, dtype=np.float16), _ARR, "Float16DType"),
+        ("np-object-array", np.array([1, "a", None], dtype=object), _ARR, "ObjectDType"),
+        ("np-bytes-array", np.array([b"ab", b"c"]), _ARR, "BytesDType"),
+        ("np-str-array", np.array(["ab", "c"]), _ARR, "StrDType"),
+        ("np-complex-array", np.ones((2, 2), dtype=np.complex64), _ARR, "Complex64DType"),
+        ("np-dtype", np.dtype("f4"), ["numpy.dtype"], "Float32DType"),
+        ("np-dtype-big-endian", np.dtype(">u4"), ["numpy.dtype"], "UInt32DType"),
+        ("np-dtype-void", np.dtype("V8"), ["numpy.dtype"], "VoidDType"),
+    ]
+    out: list[tuple[str, Any, list[str]]] = []
+    for name, obj, base, dtype_class in numpy_objs:
+        out.append((f"{name}:no-dtype-class", obj, base))
+        out.append((f"{name}:allowed", obj, [*base, f"numpy.dtypes.{dtype_class}"]))
+    out += [("defaultdict-allowed", collections.defaultdict(list, a=[1]), ["collections.defaultdict",
+                                                                           "builtins.list"]),
+            ("defaultdict-none", collections.defaultdict(None, a=1), ["collections.defaultdict"]),
+            ("deque-allowed", collections.deque([1, 2]), ["collections.deque"]),
+            ("partial-allowed", functools.partial(max, 1), ["functools.partial", "builtins.max"])]
+    for dev in ("xpu:0", "xpu", "hpu", "xla:1", "mtia:0", "ipu", "privateuseone:0", "lazy", "ve:3",
+                "maia", "vulkan", "hip:1", "fpga", "opengl", "opencl", "ideep"):
+        out.append((f"device-{dev}", {"w": torch.ones(2), "device": torch.device(dev)}, []))
+    return out
+
+
+def _device_cases() -> list[Case]:
+    """torch.device(...) calls torch.save never writes: bad strings, index types and values."""
+    calls: dict[str, Items] = {
+        "cpu:-1": s("cpu:-1"), "cuda:x": s("cuda:x"), "foo:0": s("foo:0"),
+        "xpu:01": s("xpu:01"), "cpu0": s("cpu0"), "empty": s(""), "xla:2147483648": s("xla:2147483648"),
+        "xpu:255": s("xpu:255"), "xpu,-1": [*s("xpu"), *i(-1)], "cpu,-1": [*s("cpu"), *i(-1)],
+        "xpu:0,1": [*s("xpu:0"), *i(1)], "xpu:0,None": [*s("xpu:0"), "NONE"], "hpu,None": [*s("hpu"), "NONE"],
+        "mtia,True": [*s("mtia"), "NEWTRUE"], "xpu,1.0": [*s("xpu"), ("BINFLOAT", 1.0)],
+        "xpu,'0'": [*s("xpu"), *s("0")], "cpu,1,2": [*s("cpu"), *i(1), *i(2)], "None": ["NONE"],
+        "1.5": [("BINFLOAT", 1.5)], "[]": ["EMPTY_LIST"], "1,cpu": [*i(1), *s("cpu")],
+        "privateuseone,7": [*s("privateuseone"), *i(7)], "xpu,2**63": [*s("xpu"), ("LONG1", 1 << 63)],
+        "xla,2**63-1": [*s("xla"), ("LONG1", (1 << 63) - 1)],
+    }
+    return [Case(f"device-call:{name}", pk(*call("torch.device", items))) for name, items in calls.items()]
+
+
+DEVICE_CASES = _device_cases()
 
 
 def _optimizer_state() -> Any:
@@ -198,7 +266,7 @@ def zip_records_from_bytes(data: bytes, path: Path) -> tuple[bytes, dict[str, by
 @pytest.fixture(scope="module")
 def oracle(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     tmp = tmp_path_factory.mktemp("wo")
-    cases = CASES + RG_CASES + _saved_cases(tmp)
+    cases = CASES + RG_CASES + DEVICE_CASES + _saved_cases(tmp)
     jobs: list[dict[str, Any]] = []
     for n, case in enumerate(cases):
         path = write_zip(tmp / f"case{n}.pt", case.pkl, case.records)
@@ -208,14 +276,14 @@ def oracle(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return {c.name: (c, results[2 * k], results[2 * k + 1]) for k, c in enumerate(cases)}
 
 
-ALL_NAMES = [c.name for c in CASES + RG_CASES] + [f"save:{n}" for n in (
+ALL_NAMES = [c.name for c in CASES + RG_CASES + DEVICE_CASES] + [f"save:{n}" for n in (
     "state_dict", "nested", "bytes", "bytes-empty", "bytearray", "set", "frozenset", "complex", "param",
     "param-attr", "tensor-attr", "dtype", "torch.float", "device", "size", "layout", "qscheme",
     "dtypes-all", "v3", "int-tensors", "empty-tensor", "scalar", "conj", "ordered", "counter",
     "quantized", "qchannel", "sparse", "sparse-csr", "subclass", "subclass-allowed", "namespace",
     "namespace-allowed",
     "numpy", "meta", "slice", "range", "optimizer", "dtype-views", "channels-last", "transposed-expanded",
-    "requires-grad", "uint-fp8", "neg")]
+    "requires-grad", "uint-fp8", "neg")] + [f"save:{n}" for n, _, _ in _allowlisted_objects()]
 
 
 @pytest.mark.parametrize("name", ALL_NAMES)
