@@ -63,10 +63,17 @@ class RemoteCheckpoint:
     source: ByteSource
     report: Report
     _by_name: dict[str, TensorEntry] = field(init=False, repr=False)
+    _ambiguous: dict[str, int] = field(init=False, repr=False)   # name -> how many share it
     _storages: dict[str, StorageEntry] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        self._by_name = {t.name: t for t in self.report.tensors}
+        self._by_name = {}
+        self._ambiguous = {}   # tensors whose keys print alike (1 and "1") share a name
+        for t in self.report.tensors:
+            if t.name in self._by_name:
+                self._ambiguous[t.name] = self._ambiguous.get(t.name, 1) + 1
+            else:
+                self._by_name[t.name] = t
         self._storages = {s.key: s for s in self.report.storages}
 
     @property
@@ -78,6 +85,10 @@ class RemoteCheckpoint:
         return any(f.code == Code.TORCH_BIG_ENDIAN for f in self.report.findings)
 
     def entry(self, name: str) -> TensorEntry:
+        if name in self._ambiguous:
+            raise KeyError(f"{self._ambiguous[name]} tensors are named {name!r} in "
+                           f"{self.source.name} (keys that print alike, e.g. 1 and '1'): "
+                           "the name does not say which one to read")
         try:
             return self._by_name[name]
         except KeyError:

@@ -171,3 +171,16 @@ def test_safetensors_over_http(server, guard, tmp_path) -> None:
     for name in got:
         assert got[name].tobytes() == torch_bytes(tensors[name]), name
         assert got[name].shape == tuple(tensors[name].shape)
+
+
+def test_a_name_two_tensors_share_is_refused_not_guessed(tmp_path) -> None:
+    """{0: a, "0": b} names both tensors "0": reading "0" must not return one of them silently."""
+    from core.loader import open_checkpoint
+
+    path = tmp_path / "alike.pt"
+    torch.save({0: torch.zeros(2), "0": torch.ones(3), "x": torch.arange(4.0)}, path)
+    with open_checkpoint(str(path)) as ckpt:
+        assert [t.name for t in ckpt.report.tensors] == ["0", "0", "x"]
+        with pytest.raises(KeyError, match="2 tensors are named '0'"):
+            ckpt.read_tensor("0")
+        assert np.array_equal(ckpt.read_tensor("x"), np.arange(4.0, dtype=np.float32))
