@@ -121,6 +121,8 @@ class Code(StrEnum):
     PICKLE_EXTENSION_CODE = ("PICKLE_EXTENSION_CODE", _M, _S,
                              "EXT1/2/4 copyreg extension reference (global not statically known)")
     PICKLE_PROTOCOL = "PICKLE_PROTOCOL", _I, _N, "pickle protocol other than torch's default 2"
+    PICKLE_POLYGLOT = ("PICKLE_POLYGLOT", _H, _U,
+                       "the file's first bytes are also a pickle that imports (pickle.load would run it)")
     PICKLE_GLOBAL_MUTATION = ("PICKLE_GLOBAL_MUTATION", _H, _U,
                               "BUILD/SETITEM(S)/APPEND(S) on an imported object (sys.path, os.environ)")
 

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from core.pickletoken import Decline, StubUnpickler, Tokens, tokenize
+from core.pickletoken import Decline, StubUnpickler, Tokens, plain_build_state, tokenize
 
 
 class StubGlobal(tuple[str, str]):
@@ -52,10 +52,12 @@ class StubDict(dict[Any, Any]):
     __slots__ = ()
     __init__ = dict.clear  # type: ignore[assignment]
     attributes: dict[int, tuple[StubDict, dict[Any, Any]]]
+    builds: list[None]     # the loading StubUnpickler's count of judged BUILDs
 
     def __setstate__(self, state: Any) -> None:   # BUILD: torch updates __dict__
-        if type(state) is not dict:
-            raise Decline("BUILD on OrderedDict with a non-dict state")
+        self.builds.append(None)
+        if not plain_build_state(state):
+            raise Decline("BUILD on OrderedDict with a non-dict state or a dunder key")
         self.attributes.setdefault(id(self), (self, {}))[1].update(state)
 
 
@@ -113,10 +115,11 @@ class _StubUnpickler(StubUnpickler):
     reference cycle, or the whole value graph would wait for the cyclic GC to be freed."""
 
     def __init__(self, data: bytes, toks: Tokens, stubs: dict[tuple[str, str], Any],
-                 pids: list[Any]) -> None:
+                 pids: list[Any], builds: list[None]) -> None:
         super().__init__(data, toks)
         self.stubs.update(stubs)
         self.pids = pids
+        self.builds = builds
 
     def make_stub(self, module: str, name: str) -> Any:
         return StubGlobal((module, name))
@@ -139,12 +142,14 @@ def load(data: bytes, allowed: Callable[[str], bool]) -> Loaded:
         stubs[key] = stub
         kinds[stub] = base
     attributes: dict[int, tuple[StubDict, dict[Any, Any]]] = {}
-    dict_type = type("OrderedDict", (StubDict,), {"__slots__": (), "attributes": attributes})
+    builds: list[None] = []
+    dict_type = type("OrderedDict", (StubDict,), {"__slots__": (), "attributes": attributes,
+                                                   "builds": builds})
     stubs[("collections", "OrderedDict")] = dict_type
     stubs[("__ckptguard__", "list")] = CheckedList
 
     try:
-        root = _StubUnpickler(data, toks, stubs, pids).load_or_decline()
+        root = _StubUnpickler(data, toks, stubs, pids, builds).load_or_decline()
     finally:
         # the stub classes must not keep the instances (a class <-> instance cycle)
         calls = {base: list(found) for base, found in made.items()}

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from core.dtypes import FLOATING, ITEMSIZE
-from core.pickletoken import Decline, StubUnpickler, Tokens, tokenize
+from core.pickletoken import Decline, StubUnpickler, Tokens, plain_build_state, tokenize
 from core.values import Call, Global, PersId
 
 __all__ = ["Decline", "FastResult", "Tokens", "check_rebuild", "fast_load", "tokenize"]
@@ -41,11 +41,15 @@ class _CheckedList(list[Any]):
 
 
 class _ODict(OrderedDict[Any, Any]):
-    """`OrderedDict()` at C speed; BUILD updates `__dict__` with a dict, as torch does."""
+    """`OrderedDict()` at C speed; BUILD updates `__dict__` with a dict, as torch does.
+    Subclassed per load: `builds` is that load's count of judged BUILDs."""
+
+    builds: list[None]
 
     def __setstate__(self, state: Any) -> None:
-        if type(state) is not dict:
-            raise Decline("BUILD on OrderedDict with a non-dict state")
+        self.builds.append(None)
+        if not plain_build_state(state):
+            raise Decline("BUILD on OrderedDict with a non-dict state or a dunder key")
         self.__dict__.update(state)
 
 
@@ -77,13 +81,13 @@ _REBUILDERS = frozenset(("torch._utils._rebuild_tensor_v2", "torch._utils._rebui
                          "torch._utils._rebuild_parameter"))
 
 
-def _make_stub(node: Global, calls: list[Call],
+def _make_stub(node: Global, calls: list[Call], builds: list[None],
                check_call: Callable[[str, tuple[Any, ...]], str | None] | None) -> Any:
     full = node.full
     if full == "__ckptguard__.list":
         return _CheckedList
     if full == "collections.OrderedDict":
-        return _ODict
+        return type("OrderedDict", (_ODict,), {"builds": builds})
     if full not in _REBUILDERS:
         return StubMeta(node.name, (GlobalStub,), {"node": node})
 
@@ -121,7 +125,7 @@ def fast_load(data: bytes, *, allowed: Callable[[str], bool],
 
     class _Unpickler(StubUnpickler):
         def make_stub(self, module: str, name: str) -> Any:
-            return _make_stub(Global(module, name), calls, check_call)
+            return _make_stub(Global(module, name), calls, self.builds, check_call)
 
         def persistent_load(self, pid: Any) -> Any:
             if type(pid) is not tuple or len(pid) < 2:
@@ -192,4 +196,4 @@ def check_rebuild(full: str, args: tuple[Any, ...],
 
 
 def _is_empty_hooks(hooks: Any) -> bool:
-    return type(hooks) is _ODict and not hooks and not hooks.__dict__
+    return isinstance(hooks, _ODict) and not hooks and not hooks.__dict__

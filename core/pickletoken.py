@@ -28,16 +28,18 @@ class Decline(Exception):
 
 _MAX_MEMO_INDEX_FLOOR = 1 << 20
 
-# Fixed-size opcodes torch accepts (FORMATS.md §3.4), as one possessive run: REDUCE BUILD
+# Fixed-size opcodes torch accepts (FORMATS.md §3.4), as one possessive run: REDUCE
 # APPEND APPENDS SETITEM SETITEMS MARK TUPLE TUPLE1-3 EMPTY_TUPLE EMPTY_DICT EMPTY_SET NONE
 # NEWTRUE NEWFALSE BINPERSID; BININT1 BINGET BINPUT; BININT2; BININT LONG_BINGET; BINFLOAT;
 # LONG_BINPUT below 2**20; BINUNICODE under 256 bytes (one branch per length, so the regex
-# engine skips the string at C speed). NEWOBJ, GLOBAL, PROTO, EMPTY_LIST, SHORT_BINSTRING,
-# LONG1, longer strings and STOP are handled in Python.
+# engine skips the string at C speed). A MARK directly followed by APPENDS/SETITEMS stops the
+# run: the C unpickler skips an empty batch on any object, torch checks the object's type.
+# BUILD, NEWOBJ, GLOBAL, PROTO, EMPTY_LIST, SHORT_BINSTRING, LONG1, longer strings and STOP
+# are handled in Python.
 _SHORT_UNICODE = b"|".join(re.escape(bytes((n,))) + rb"\x00\x00\x00(?s:.){%d}" % n
                            for n in range(256))
 _ONE_OPCODE = (
-    rb"[Rbaesu(t\x85\x86\x87)}\x8fN\x88\x89Q]|[Khq][\x00-\xff]|M[\x00-\xff]{2}"
+    rb"[Raesut\x85\x86\x87)}\x8fN\x88\x89Q]|\((?![eu])|[Khq][\x00-\xff]|M[\x00-\xff]{2}"
     rb"|X(?:" + _SHORT_UNICODE + rb")"
     rb"|[Jj][\x00-\xff]{4}|r[\x00-\xff]{2}[\x00-\x0f]\x00|G[\x00-\xff]{8}")
 # An accelerator, not a rule: the opcodes torch.save writes for one state_dict entry
@@ -87,6 +89,7 @@ class Tokens:
     # (module, name, raw_module, raw_name, relative position of the GLOBAL opcode)
     protocol: int | None = None
     end: int = 0                       # relative position after STOP
+    builds: int = 0                    # BUILD opcodes (each must reach a stub's __setstate__)
     rewritten: bytes | None = None     # data[:end] with EMPTY_LIST rewritten, if any
 
 
@@ -133,6 +136,9 @@ def tokenize(data: bytes, allowed: Callable[[str], bool], *, newobj: bool = Fals
             if pos + 5 > n or _U32.unpack_from(data, pos + 1)[0] >= memo_cap:
                 raise Decline("memo index out of range")
             pos += 5
+        elif op == 0x62:  # BUILD: counted, see StubUnpickler.load_or_decline
+            toks.builds += 1
+            pos += 1
         elif op == 0x5D:  # EMPTY_LIST -> a list that refuses SETITEM (torch: dict types only)
             pieces.append(data[piece_start:pos])
             pieces.append(LIST_REWRITE)
@@ -163,6 +169,13 @@ def tokenize(data: bytes, allowed: Callable[[str], bool], *, newobj: bool = Fals
     return toks
 
 
+def plain_build_state(state: Any) -> bool:
+    """A BUILD state the fast paths may apply to an OrderedDict: a dict with no dunder key
+    (`{'__setstate__': f}` plants f: core.threats judges that, on the exact path)."""
+    return type(state) is dict and not any(
+        type(k) is str and k.startswith("__") for k in state)
+
+
 class StubUnpickler(pickle.Unpickler):
     """CPython's C unpickler over a pickle `tokenize` accepted, with stubs for globals.
 
@@ -181,6 +194,11 @@ class StubUnpickler(pickle.Unpickler):
         self.stubs: dict[tuple[str, str], Any] = {}
         self.walked = [(module, name) for module, name, _, _, _ in toks.globals]
         self.globals_met = 0
+        self.builds_expected = toks.builds
+        # one entry per BUILD a stub's __setstate__ judged; the C unpickler runs BUILD on an
+        # object without __setstate__ itself (a None state does nothing at all, a slot state
+        # sets attributes), where torch refuses: such a BUILD must not pass unnoticed
+        self.builds: list[None] = []
 
     def make_stub(self, module: str, name: str) -> Any:
         raise NotImplementedError
@@ -204,7 +222,7 @@ class StubUnpickler(pickle.Unpickler):
         gc_was_enabled = gc.isenabled()
         gc.disable()  # millions of new containers: generational GC passes cost more than the load
         try:
-            return self.load()
+            root = self.load()
         except Decline:
             raise
         except Exception as exc:
@@ -212,3 +230,6 @@ class StubUnpickler(pickle.Unpickler):
         finally:
             if gc_was_enabled:
                 gc.enable()
+        if len(self.builds) != self.builds_expected:
+            raise Decline("a BUILD on an object whose __setstate__ is not ours")
+        return root

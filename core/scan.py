@@ -16,6 +16,7 @@ from __future__ import annotations
 import gc
 import logging
 import os
+import re
 import time
 from typing import TYPE_CHECKING
 
@@ -133,8 +134,41 @@ def _dispatch(source: ByteSource, kind: Sniffed, an: Analysis) -> None:
     else:
         an.format = "unknown"
         an.add(Code.FORMAT_UNKNOWN, "the content matches no known checkpoint format")
+    if kind.container in ("safetensors", "numpy", "torch-tar"):
+        _analyze_head_pickle(source, an)
     if kind.zip_at_tail and kind.container != "zip":
         _analyze_polyglot_zip(source, an)
+
+
+# a name pickle.load could import: junk bytes between two newlines never run anything
+_IMPORTABLE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*")
+_HEAD_WINDOW = 65536
+
+
+def _analyze_head_pickle(source: ByteSource, an: Analysis) -> None:
+    """torch.load(weights_only=False) and pickle.load read any non-zip file as a pickle from
+    byte 0: a file that parses as another format and also as a pickle importing something
+    is a polyglot. The window grows only while the pickle runs past its end, so a real
+    safetensors/NumPy file (whose first bytes stop any pickle at once) costs one small read."""
+    from core.threats import assess
+    from core.vm import run_vm
+
+    limits = an.options.limits
+    window = min(source.size, _HEAD_WINDOW)
+    while True:
+        vm = run_vm(source.read_at(0, window), limits=limits)
+        truncated = vm.error is not None and vm.error.code is Code.PICKLE_TRUNCATED
+        if not truncated or window >= min(source.size, limits.max_pickle_bytes):
+            break
+        window = min(window * 4, source.size, limits.max_pickle_bytes)
+    imports = [g for g in vm.globals
+               if _IMPORTABLE.fullmatch(g.raw_module) and _IMPORTABLE.fullmatch(g.raw_name)]
+    if not imports:
+        return
+    an.add(Code.PICKLE_POLYGLOT, f"the first bytes of this {an.format} file are also a pickle "
+           f"that imports {len(imports)} global(s), first {imports[0].module}.{imports[0].name}",
+           offset=0)
+    assess(vm, an, allow=an.options.allow, record=None)
 
 
 def _analyze_polyglot_zip(source: ByteSource, an: Analysis) -> None:

@@ -10,6 +10,7 @@ npz) need the central directory and are decided by core.scan.
 
 from __future__ import annotations
 
+import pickletools
 import re
 import struct
 from dataclasses import dataclass
@@ -31,9 +32,13 @@ _LEGACY_MAGIC_PICKLE = re.compile(
     rb"|[IL]119547037146038801333356L?\n)\.")
 HEAD_BYTES = 4096
 
-# Opcodes a protocol 0/1 pickle can start with (no PROTO): marks, constants, globals, ...
-_PICKLE_FIRST_OPS = frozenset(b"(.0123IJKLMNFGSTUVXcdehijklnoprqs}])\x88\x89\x8a\x8b\x8c\x8d\x8e\x8f"
-                              b"\x90\x91\x92\x93\x94\x95\x96\x97\x98")
+# Opcodes a pickle without PROTO can start with: every opcode that takes nothing from the
+# stack (marks, constants, globals, persistent ids, EXT codes, ...; pickle.load runs such a
+# file as far as it goes), and a few that fail at once, kept so such bytes read as a pickle
+_PICKLE_FIRST_OPS = frozenset(op.code.encode("latin-1")[0] for op in pickletools.opcodes
+                              if not op.stack_before) | frozenset(
+    b"(.0123IJKLMNFGSTUVXcdehijklnoprqs}])\x88\x89\x8a\x8b\x8c\x8d\x8e\x8f"
+    b"\x90\x91\x92\x93\x94\x95\x96\x97\x98")
 
 
 @dataclass(frozen=True, slots=True)
