@@ -32,14 +32,18 @@ _MAX_MEMO_INDEX_FLOOR = 1 << 20
 # APPEND APPENDS SETITEM SETITEMS MARK TUPLE TUPLE1-3 EMPTY_TUPLE EMPTY_DICT EMPTY_SET NONE
 # NEWTRUE NEWFALSE BINPERSID; BININT1 BINGET BINPUT; BININT2; BININT LONG_BINGET; BINFLOAT;
 # LONG_BINPUT below 2**20; BINUNICODE under 256 bytes (one branch per length, so the regex
-# engine skips the string at C speed). A MARK directly followed by APPENDS/SETITEMS stops the
-# run: the C unpickler skips an empty batch on any object, torch checks the object's type.
+# engine skips the string at C speed). The C unpickler skips an empty batch (MARK directly
+# followed by APPENDS/SETITEMS) on any object, where torch checks the object's type: such a
+# MARK stops the run, unless the batch follows a SETITEMS/APPENDS on the same object (what
+# pickle writes after an exact multiple of 1000 items), whose items the C unpickler could
+# only store into a dict/list.
 # BUILD, NEWOBJ, GLOBAL, PROTO, EMPTY_LIST, SHORT_BINSTRING, LONG1, longer strings and STOP
 # are handled in Python.
 _SHORT_UNICODE = b"|".join(re.escape(bytes((n,))) + rb"\x00\x00\x00(?s:.){%d}" % n
                            for n in range(256))
 _ONE_OPCODE = (
-    rb"[Raesut\x85\x86\x87)}\x8fN\x88\x89Q]|\((?![eu])|[Khq][\x00-\xff]|M[\x00-\xff]{2}"
+    rb"u(?:\(u)*|e(?:\(e)*|[Rast\x85\x86\x87)}\x8fN\x88\x89Q]|\((?![eu])|[Khq][\x00-\xff]"
+    rb"|M[\x00-\xff]{2}"
     rb"|X(?:" + _SHORT_UNICODE + rb")"
     rb"|[Jj][\x00-\xff]{4}|r[\x00-\xff]{2}[\x00-\x0f]\x00|G[\x00-\xff]{8}")
 # An accelerator, not a rule: the opcodes torch.save writes for one state_dict entry

@@ -161,6 +161,23 @@ def test_lane_takes_clean_archives_with_the_general_report(
         assert [t["name"] for t in fast["tensors"]] == ["w", "_extra"]
 
 
+@needs_sound_re
+@pytest.mark.parametrize("n", [999, 1000, 2000, 2001])
+@pytest.mark.parametrize("container", ["dict", "list"])
+def test_lane_takes_torch_saves_of_every_batch_count(
+        n: int, container: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """pickle writes items in batches of 1000 (MARK ... SETITEMS/APPENDS), and an exact
+    multiple of 1000 ends with an empty batch: the lane must still take the file."""
+    torch = pytest.importorskip("torch")
+    tensors = [torch.full((2,), float(i)) for i in range(n)]
+    obj: Any = {f"t{i}": t for i, t in enumerate(tensors)} if container == "dict" else tensors
+    path = tmp_path / "x.pt"
+    torch.save(obj, path)
+    assert lane_takes(path.read_bytes())
+    fast, slow = both_paths(path, monkeypatch)
+    assert fast == slow and len(fast["tensors"]) == n
+
+
 @pytest.mark.parametrize("case", sorted(_declined()))
 def test_lane_declines_anything_else(case: str, tmp_path: Path,
                                      monkeypatch: pytest.MonkeyPatch) -> None:
