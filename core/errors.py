@@ -187,6 +187,8 @@ class Code(StrEnum):
                          "a graph node target resolving to a torch callable outside torch.ops")
     PT2_SYMPY_EXPR = ("PT2_SYMPY_EXPR", _H, _S,
                       "a symbolic expression torch.export.load would pass to sympy.sympify")
+    PT2_SYMPY_EVAL = ("PT2_SYMPY_EVAL", _C, _U,
+                      "an expr_str that runs code when sympy.sympify evaluates it")
 
     # --- limits and the sandbox ------------------------------------------------------------
     LIMIT_OPCODES = "LIMIT_OPCODES", _H, _X, "too many pickle opcodes"

@@ -29,6 +29,9 @@ _FILES = "reads or writes files"
 _NET = "opens network connections"
 _GADGET = "builds a call or attribute access from data (gadget)"
 _INTRO = "reaches interpreter internals (introspection gadget)"
+_EVAL = "evaluates a string as Python code (eval)"
+_FETCH = "fetches URLs or opens files named by data"
+_MUTATE = "mutates another object in place (gadget: edits registries, plants callables)"
 
 
 def _rules(severity: Severity, code: Code, reason: str, names: str) -> dict[str, Rule]:
@@ -46,8 +49,18 @@ DANGEROUS_MODULES: dict[str, Rule] = {
         numpy.f2py numpy.distutils numpy.testing torch.utils.cpp_extension torch.testing
         torch.hub torch._inductor torch.utils.bottleneck IPython tkinter _tkinter _sitebuiltins
         keras.layers.Lambda keras.src.layers.core.lambda_layer tensorflow.keras.layers.Lambda
-        pandas.core.computation"""),
-    **_rules(_C, _DG, _IMPORT, "importlib imp zipimport pkgutil"),
+        pandas.core.computation _bootsubprocess _testcapi _testinternalcapi _testlimitedcapi
+        test.support sympy.utilities.lambdify sympy.utilities.autowrap sympy.printing.preview
+        sympy.testing.runtests sympy.utilities.runtests sympy.interactive.session torch.compiler
+        torch.utils.benchmark.utils.cpp_jit torch.utils.benchmark.utils.valgrind_wrapper"""),
+    **_rules(_C, _DG, "registers or overrides torch operator kernels process-wide",
+             "torch.library"),
+    # sympy's string entry points (sympify, parse_expr, kernS, every parser) build code and eval it
+    **_rules(_C, _DG, _EVAL, "sympy.core.sympify sympy.parsing"),
+    **_rules(_C, _DG, "downloads a file and torch.loads it (weights_only=False)",
+             "torch.utils.model_zoo"),
+    **_rules(_C, _DG, _IMPORT, """
+        importlib imp zipimport pkgutil _imp _frozen_importlib _frozen_importlib_external"""),
     **_rules(_C, _DG, "calls native code", "ctypes _ctypes cffi numpy.ctypeslib"),
     **_rules(_C, _DG, "interpreter state (torch blocks sys)", "sys"),
     **_rules(_C, _NEST, _NESTED, """
@@ -63,6 +76,11 @@ DANGEROUS_MODULES: dict[str, Rule] = {
         urllib urllib2 urllib3 requests httpx aiohttp ftplib smtplib smtpd poplib imaplib
         nntplib telnetlib xmlrpc xmlrpclib SimpleXMLRPCServer BaseHTTPServer
         SimpleHTTPServer CGIHTTPServer webbrowser wsgiref torch.distributed.rpc"""),
+    **_rules(_H, _DG, "creates or unlinks named shared memory and semaphores (/dev/shm)",
+             "_posixshmem _multiprocessing"),
+    **_rules(_H, _DG, _FETCH, "numpy.lib._datasource"),
+    **_rules(_H, _DG, "importing it opens a web browser (spawns a process, fetches a URL)",
+             "antigravity"),
     **_rules(_H, _DG, _EXEC + " (platform probes spawn processes)", "platform"),
     **_rules(_H, _DG, _INTRO, "gc inspect threading _weakref"),
 }
@@ -83,10 +101,25 @@ DANGEROUS_NAMES: dict[str, Rule] = {
         torch.utils.collect_env.run torch.utils.collect_env.run_and_read_all
         torch.jit.CompilationUnit torch.jit._script.CompilationUnit
         logging.config.listen logging.config.fileConfig logging.config.dictConfig
-        code.interact cgitb.handler _osx_support._read_output pydoc.pipepager pandas.eval"""),
+        code.interact cgitb.handler _osx_support._read_output pydoc.pipepager pandas.eval
+        torch.compile torch._dynamo.optimize torch._dynamo.eval_frame.optimize
+        torch._dynamo.export torch._dynamo.eval_frame.export torch.utils.benchmark.Timer
+        torch.utils.benchmark.utils.timer.Timer torch.utils.benchmark.utils.timer.CPPTimer
+        sympy.lambdify sympy.init_session sympy.preview sympy.test sympy.doctest"""),
+    **_rules(_C, _DG, _EVAL, """
+        sympy.sympify sympy.parse_expr sympy.S sympy.core.S sympy.core.singleton.S
+        typing._eval_type typing.get_type_hints typing.ForwardRef._evaluate
+        typing.ForwardRef.evaluate typing.evaluate_forward_ref typing_extensions._eval_type
+        typing_extensions.get_type_hints typing_extensions.evaluate_forward_ref
+        typing_extensions.get_annotations typing_extensions._eval_with_owner
+        annotationlib.get_annotations annotationlib.call_evaluate_function
+        annotationlib.call_annotate_function annotationlib.ForwardRef.evaluate"""),
     **_rules(_C, _DG, _IMPORT, """
         builtins.__import__ builtins.__loader__ builtins.__spec__ builtins.__builtins__
-        pydoc.locate pydoc.importfile pydoc.safeimport"""),
+        pydoc.locate pydoc.importfile pydoc.safeimport warnings._getcategory warnings._setoption
+        warnings._processoptions _py_warnings._getcategory _py_warnings._setoption
+        _py_warnings._processoptions xml.sax.make_parser xml.sax._create_parser
+        sympy.external.importtools.import_module sympy.utilities.source.get_class"""),
     **_rules(_C, _DG, _INTRO, """
         builtins.getattr builtins.setattr builtins.delattr builtins.globals builtins.locals
         builtins.vars builtins.__dict__"""),
@@ -103,7 +136,8 @@ DANGEROUS_NAMES: dict[str, Rule] = {
         sklearn.externals.joblib.load pandas.read_pickle pandas.io.pickle.read_pickle
         yaml.load yaml.load_all yaml.unsafe_load yaml.unsafe_load_all yaml.full_load
         yaml.full_load_all keras.models.load_model keras.saving.load_model
-        tensorflow.keras.models.load_model"""),
+        tensorflow.keras.models.load_model torch.compiler.load_cache_artifacts
+        torch.compiler.load_compiled_function"""),
     **_rules(_H, _DG, _FILES, """
         builtins.open builtins.file io.open io.open_code io.FileIO _io.open _io.open_code
         _io.FileIO codecs.open gzip.open gzip.GzipFile bz2.open bz2.BZ2File lzma.open
@@ -112,7 +146,19 @@ DANGEROUS_NAMES: dict[str, Rule] = {
         pathlib.Path.write_text pathlib.Path.write_bytes pathlib.Path.unlink
         pathlib.Path.touch pathlib.Path.mkdir pathlib.Path.rmdir pathlib.Path.rename
         pathlib.Path.replace pathlib.Path.chmod pathlib.Path.symlink_to pathlib.Path.open
-        pathlib.Path.read_text pathlib.Path.read_bytes torch.save numpy.lib.format.write_array"""),
+        pathlib.Path.read_text pathlib.Path.read_bytes torch.save numpy.lib.format.write_array
+        _pyio.open _pyio.open_code _pyio.FileIO tokenize.open numpy.fromregex numpy.rec.fromfile
+        numpy.core.records.fromfile numpy._core.records.fromfile xml.dom.minidom.parse
+        xml.dom.pulldom.parse xml.dom.expatbuilder.parse xml.etree.ElementTree.parse
+        xml.etree.ElementTree.iterparse xml.etree.ElementTree.ElementTree.parse
+        xml.etree.cElementTree.parse xml.etree.cElementTree.iterparse
+        xml.etree.ElementInclude.include xml.etree.ElementInclude.default_loader
+        sympy.utilities.codegen.codegen"""),
+    **_rules(_H, _DG, _FETCH, """
+        xml.sax.parse xml.sax.saxutils.prepare_input_source xml.sax.expatreader.ExpatParser.parse
+        xml.sax.xmlreader.IncrementalParser.parse xml.dom.xmlbuilder.DOMBuilder.parseURI
+        xml.dom.xmlbuilder.DOMBuilder.parse xml.dom.xmlbuilder.DOMEntityResolver.resolveEntity
+        numpy.DataSource numpy.lib.DataSource"""),
     **_rules(_H, _DG, _GADGET, """
         operator.attrgetter operator.methodcaller operator.itemgetter operator.call
         _operator.attrgetter _operator.methodcaller _operator.itemgetter _operator.call
@@ -123,6 +169,10 @@ DANGEROUS_NAMES: dict[str, Rule] = {
         builtins.property weakref.finalize copyreg.add_extension
         copyreg.remove_extension copyreg.clear_extension_cache copyreg.pickle copyreg.constructor
         copyreg._extension_registry copyreg._inverted_registry copyreg.dispatch_table"""),
+    # `operator` is `_operator` re-exported: both spellings of every entry
+    **_rules(_H, _DG, _MUTATE, " ".join(f"{m}.{n}" for m in ("operator", "_operator") for n in """
+        setitem delitem iadd iand iconcat ifloordiv ilshift imatmul imod imul ior ipow irshift
+        isub itruediv ixor""".split())),
 }
 
 # Dunder names that are dangerous even as the first (and only) name component.
@@ -131,7 +181,8 @@ DANGEROUS_DUNDERS = frozenset("""
     __closure__ __func__ __self__ __class__ __base__ __bases__ __mro__ __dict__
     __getattribute__ __getattr__ __setattr__ __delattr__ __reduce__ __reduce_ex__
     __setstate__ __getstate__ __init_subclass__ __call__ __init__ __new__ __del__
-    __build_class__ __wrapped__ __module__ __get__ __set__ __objclass__""".split())
+    __build_class__ __wrapped__ __module__ __get__ __set__ __objclass__ __annotations__
+    __annotate__""".split())
 
 # Attribute names that are dangerous wherever a traversal (dotted name, getattr, attrgetter,
 # methodcaller) reaches them: they run commands, load payloads or touch files.

@@ -13,14 +13,17 @@ Strategy: follow `torch.export.pt2_archive._package.load_pt2` record by record
   sample inputs (torch.load with a weights_only=False fallback) as nested torch zips via
   `core.scan.scan_source`; `opaque_obj_*` (pickle.loads) through `core.pickle_scan`;
   `custom_obj_*` (TorchScript pickler) as nested archives;
-* `as_expr` strings go to `sympy.sympify` (eval): anything beyond a strict grammar of
-  Symbol/Integer arithmetic is PT2_SYMPY_EXPR; non-empty `guards_code` is exec'd by
-  `ep.module()`: PT2_GUARDS_CODE;
+* `as_expr` strings go to `sympy.sympify` (eval): anything beyond the grammar torch writes
+  (srepr of Symbol/Integer shape arithmetic) is PT2_SYMPY_EXPR, and with evidence of code
+  (dunders, attributes, strings, calls of other names, lambda/import) also a critical
+  PT2_SYMPY_EVAL (unsafe); non-empty `guards_code` is exec'd by `ep.module()`:
+  PT2_GUARDS_CODE;
 * the verifier rules live in core.formats.export_verifier.
 """
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 from collections.abc import Iterator, Mapping
@@ -401,64 +404,235 @@ def _scan_raw_pickle(ar: _Archive, rel: str) -> None:
 
 
 # --- symbolic expressions (sympy.sympify is eval) ------------------------------------------
+#
+# torch.export.load runs `sympy.sympify(expr_str, locals=<torch's sympy functions + symbols>)`
+# (torch/_export/serde/serialize.py `_parse_sym_expr`): sympy tokenizes the text, rewrites it
+# and evals it with every builtin in scope. torch writes `srepr` of shape arithmetic, e.g.
+# "Add(Mul(Integer(2), Symbol('s77', positive=True, integer=True)), Integer(1))",
+# "FloorDiv(Symbol('s0', ...), Integer(2))", "Mul(Float('1.5', precision=53), Symbol('zuf0'))";
+# older writers wrote str(): "2*s0 + 1". Three outcomes:
+# * plain (that grammar, bounded numbers): nothing to report;
+# * outside it with evidence of code (a dunder, an attribute, a string sympify would parse
+#   again, a call of a name no torch writer emits, a call of a computed callable, `lambda`,
+#   `import`, look-alike Unicode): PT2_SYMPY_EXPR and PT2_SYMPY_EVAL (critical, unsafe);
+# * outside it without such evidence (number blow-ups, odd quoting, syntax sympy would
+#   reject): PT2_SYMPY_EXPR only (suspicious).
 
-# What torch writes: str(sympy expr) over shape symbols, e.g. "Symbol('s77', positive=True,
-# integer=True)", "2*s0 + 1", "FloorDiv(s0, 2)", "Max(1, s0)". Nothing else may pass.
-_EXPR_FUNCS = frozenset({"Symbol", "Integer", "FloorDiv", "CeilDiv", "CleanDiv", "Mod", "PythonMod",
-                         "Max", "Min", "Abs", "IntTrueDiv", "FloatTrueDiv", "ToFloat",
-                         "TruncToInt", "CeilToInt", "FloorToInt", "RoundToInt", "Eq", "Ne", "Lt",
-                         "Le", "Gt", "Ge", "And", "Or", "Not", "sympify_true", "true", "false",
-                         "True", "False", "oo", "zoo", "nan", "Pow", "Mul", "Add", "Rational"})
-_EXPR_KWARGS = frozenset({"positive", "integer", "nonnegative", "real", "finite", "nonzero"})
-_EXPR_TOKEN = re.compile(r"\s+|(?P<sym>[a-z]\d+)|(?P<id>[A-Za-z_][A-Za-z0-9_]*)|(?P<num>\d+(?:\.\d+)?)"
-                         r"|(?P<str>'[a-z]\d+')|(?P<op>\*\*|//|[-+*/%(),=<>!]=?|[&|~])")
+# Callables a torch writer emits: srepr class names of sympy, the torch.utils._sympy.functions
+# that `_parse_sym_expr` passes as locals, and the opaque unary/bitwise function families.
+_EXPR_FUNCS = frozenset("""
+    Symbol Dummy Integer Rational Float Add Mul Pow Mod Max Min Abs floor ceiling sign exp log
+    sqrt sin cos tan asin acos atan sinh cosh tanh asinh acosh atanh Piecewise ExprCondPair
+    Eq Ne Lt Le Gt Ge Equality Unequality StrictLessThan LessThan StrictGreaterThan GreaterThan
+    And Or Not Xor ITE Implies BooleanTrue BooleanFalse sympify_true
+    FloorDiv ModularIndexing Where PythonMod CleanDiv CeilToInt FloorToInt CeilDiv LShift RShift
+    PowByNatural FloatPow FloatTrueDiv IntTrueDiv IsNonOverlappingAndDenseIndicator
+    TruncToFloat TruncToInt RoundToInt RoundDecimal ToFloat Identity""".split())
+_EXPR_FUNC_FAMILY = re.compile(r"(?:OpaqueUnaryFn|BitwiseFn)_[a-z][a-z0-9_]{0,30}")
+_EXPR_ATOMS = frozenset({"oo", "zoo", "nan", "true", "false", "int_oo", "pi", "E"})
+_EXPR_ASSUMPTIONS = frozenset("""
+    integer positive negative nonnegative nonpositive nonzero zero real extended_real finite
+    infinite rational irrational even odd prime composite commutative complex imaginary
+    algebraic transcendental noninteger extended_positive extended_negative
+    extended_nonnegative extended_nonpositive extended_nonzero""".split())
+_EXPR_SYMBOL = re.compile(r"[a-z][a-z0-9_]{0,30}[0-9]")           # s0 u3 zf1 zuf0 ps2 r0_1
+_EXPR_SYMBOL_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,63}")      # Symbol('...') contents
+_EXPR_FLOAT = re.compile(r"-?(?:\d{1,40}(?:\.\d{0,40})?|\.\d{1,40})(?:[eE][+-]?\d{1,4})?|[-+]?inf|nan")
+_MAX_EXPR_DEPTH = 64
+_MAX_CONST_BITS = 4096       # sympy evaluates constant arithmetic eagerly
+_MAX_EXPONENT = 64
+_MAX_FLOAT_PRECISION = 1024
+
+
+class _NotPlain(Exception):
+    """Why an expression is outside the grammar torch writes."""
 
 
 def expr_is_plain(expr: str) -> bool:
-    """True if `expr` only combines shape symbols, integers and known sympy functions."""
-    if len(expr) > MAX_EXPR_LEN or not expr.isascii():
-        return False
-    pos = 0
-    depth = 0
-    prev_id = ""
-    prev_op = ""
-    while pos < len(expr):
-        m = _EXPR_TOKEN.match(expr, pos)
-        if m is None:
-            return False
-        pos = m.end()
-        if m.lastgroup == "id":
-            word = m.group()
-            nxt = expr[pos:].lstrip()
-            if word in _EXPR_KWARGS and nxt.startswith("=") and not nxt.startswith("=="):
-                prev_id = word
+    """True if `expr` only combines shape symbols, bounded integers and known sympy functions."""
+    return _plain_problem(expr) is None
+
+
+def _plain_problem(expr: str) -> str | None:
+    if len(expr) > MAX_EXPR_LEN:
+        return f"longer than {MAX_EXPR_LEN} characters"
+    if not expr.isascii() or "__" in expr or "\n" in expr or "\r" in expr:
+        return "non-ASCII, a dunder or a line break"
+    try:
+        tree = ast.parse(expr, mode="eval")
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return "not a Python expression"
+    stack: list[tuple[ast.AST, int]] = [(tree.body, 1)]
+    while stack:                                     # bound the depth before recursing
+        node, depth = stack.pop()
+        if depth > _MAX_EXPR_DEPTH:
+            return f"nested deeper than {_MAX_EXPR_DEPTH}"
+        stack.extend((child, depth + 1) for child in ast.iter_child_nodes(node))
+    try:
+        _const_bits(tree.body, expr)
+    except _NotPlain as exc:
+        return str(exc)
+    return None
+
+
+def _const_bits(node: ast.AST, src: str) -> int | None:
+    """Bit size bound of a constant subexpression (None if it holds a symbol); raise _NotPlain."""
+    bits: int | None
+    if isinstance(node, ast.Constant):
+        value = node.value
+        if isinstance(value, bool):
+            return 1
+        if isinstance(value, int):
+            if abs(value) >= 10**19:
+                raise _NotPlain("an integer literal of more than 19 digits")
+            return value.bit_length()
+        if isinstance(value, float):
+            return 64
+        raise _NotPlain(f"a {type(value).__name__} literal outside Symbol()/Float()")
+    if isinstance(node, ast.Name):
+        if node.id in _EXPR_ATOMS or (_EXPR_SYMBOL.fullmatch(node.id) and node.id not in _EXPR_FUNCS):
+            return None
+        raise _NotPlain(f"the name {node.id!r}")
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd, ast.Not,
+                                                              ast.Invert)):
+        return _const_bits(node.operand, src)
+    if isinstance(node, ast.BinOp):
+        if isinstance(node.op, (ast.Pow, ast.BitXor)):          # sympify reads `^` as `**`
+            return _pow_bits(node.left, node.right, src)
+        if not isinstance(node.op, (ast.Add, ast.Sub, ast.Mult, ast.Div, ast.FloorDiv, ast.Mod,
+                                    ast.BitAnd, ast.BitOr)):
+            raise _NotPlain(f"the operator {type(node.op).__name__}")
+        left, right = _const_bits(node.left, src), _const_bits(node.right, src)
+        if left is None or right is None:
+            return None
+        bits = left + right if isinstance(node.op, ast.Mult) else max(left, right) + 1
+    elif isinstance(node, ast.Compare):
+        if not all(isinstance(op, (ast.Eq, ast.NotEq, ast.Lt, ast.LtE, ast.Gt, ast.GtE))
+                   for op in node.ops):
+            raise _NotPlain("a comparison other than ==, !=, <, <=, >, >=")
+        for child in (node.left, *node.comparators):
+            _const_bits(child, src)
+        return None
+    elif isinstance(node, ast.Call):
+        return _call_bits(node, src)
+    else:
+        raise _NotPlain(f"{type(node).__name__} syntax")
+    if bits > _MAX_CONST_BITS:
+        raise _NotPlain(f"a constant of more than {_MAX_CONST_BITS} bits")
+    return bits
+
+
+def _call_bits(node: ast.Call, src: str) -> int | None:
+    func = node.func.id if isinstance(node.func, ast.Name) else None
+    if func is None or not (func in _EXPR_FUNCS or _EXPR_FUNC_FAMILY.fullmatch(func)):
+        raise _NotPlain("a call of something other than a sympy/torch shape function")
+    args = node.args
+    if any(isinstance(a, ast.Starred) for a in args) or any(k.arg is None for k in node.keywords):
+        raise _NotPlain("*args or **kwargs")
+    if func in ("Symbol", "Dummy", "Float"):
+        if len(args) != 1:
+            raise _NotPlain(f"{func}() with {len(args)} positional arguments")
+        arg = args[0]
+        text = ast.get_source_segment(src, arg) or ""
+        if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+            pattern = _EXPR_FLOAT if func == "Float" else _EXPR_SYMBOL_NAME
+            if not (text.startswith("'") and pattern.fullmatch(arg.value)):
+                raise _NotPlain(f"{func}({text[:40]}) is not how torch writes a {func}")
+        elif func != "Float" or _const_bits(arg, src) is None:
+            raise _NotPlain(f"{func}() of something other than a name literal")
+        for kw in node.keywords:
+            value = kw.value.value if isinstance(kw.value, ast.Constant) else None
+            if func == "Float" and kw.arg in ("precision", "dps") and type(value) is int \
+                    and 0 < value <= _MAX_FLOAT_PRECISION:
                 continue
-            if word not in _EXPR_FUNCS:
-                return False
-            prev_id = word
-        elif m.lastgroup == "num":
-            # sympify evaluates integer arithmetic eagerly: no huge literals or exponents
-            if len(m.group()) > 12 or (prev_op == "**" and float(m.group()) > 64):
-                return False
-        elif m.lastgroup == "str":
-            if prev_id != "Symbol":
-                return False
-        if prev_op == "**" and m.group() == "(":
-            return False       # only a literal or a symbol may be an exponent
-        if m.lastgroup is not None:
-            prev_op = m.group() if m.lastgroup == "op" else ""
-        if m.lastgroup == "op":
-            if m.group() == "(":
-                depth += 1
-                if depth > 64:
-                    return False
-            elif m.group() == ")":
-                depth -= 1
-                if depth < 0:
-                    return False
-            if m.group() != "(":
-                prev_id = "" if m.group() not in (",",) else prev_id
-    return depth == 0
+            if func != "Float" and kw.arg in _EXPR_ASSUMPTIONS and type(value) is bool:
+                continue
+            raise _NotPlain(f"{func}() with the keyword {kw.arg}")
+        return 64 if func == "Float" else None
+    if node.keywords:
+        raise _NotPlain(f"{func}() with keywords")
+    if func in ("Pow", "PowByNatural", "FloatPow", "LShift") and len(args) == 2:
+        if func == "LShift":                       # a << b: the bits of a plus b
+            base = _const_bits(args[0], src)
+            shift = _const_bits(args[1], src)
+            if shift is not None and shift > 6:
+                raise _NotPlain("a shift by more than 63")
+            bits = None if base is None or shift is None else base + (1 << shift)
+        else:
+            bits = _pow_bits(args[0], args[1], src)
+    else:
+        sizes = [_const_bits(a, src) for a in args]
+        if any(b is None for b in sizes) or not sizes:
+            return None
+        known = [b for b in sizes if b is not None]
+        bits = sum(known) if func == "Mul" else max(known) + len(known).bit_length()
+    if bits is not None and bits > _MAX_CONST_BITS:
+        raise _NotPlain(f"a constant of more than {_MAX_CONST_BITS} bits")
+    return bits
+
+
+def _pow_bits(base: ast.AST, exponent: ast.AST, src: str) -> int | None:
+    """base ** exponent: the exponent must hold a symbol or be a small literal."""
+    base_bits = _const_bits(base, src)
+    if _const_bits(exponent, src) is None:
+        return None                                # symbolic exponent: sympy keeps Pow(b, e)
+    e = exponent
+    while isinstance(e, ast.UnaryOp) and isinstance(e.op, (ast.USub, ast.UAdd)):
+        e = e.operand
+    if isinstance(e, ast.Call) and isinstance(e.func, ast.Name) and \
+            e.func.id in ("Integer", "Rational", "Float") and e.args:
+        e = e.args[0]
+        while isinstance(e, ast.UnaryOp) and isinstance(e.op, (ast.USub, ast.UAdd)):
+            e = e.operand
+    value = e.value if isinstance(e, ast.Constant) else None
+    if isinstance(value, str):                     # Float('0.5', precision=53)
+        value = float(value)
+    if not (isinstance(value, (int, float)) and abs(value) <= _MAX_EXPONENT):
+        raise _NotPlain(f"an exponent that is not a literal up to {_MAX_EXPONENT}")
+    if base_bits is None:
+        return None
+    bits = base_bits * max(1, int(abs(value)))
+    if bits > _MAX_CONST_BITS:
+        raise _NotPlain(f"a constant of more than {_MAX_CONST_BITS} bits")
+    return bits
+
+
+# Evidence that sympify would run code, read on the raw text (linear regexes, any length, any
+# syntax: sympy's own tokenizer accepts more than Python's parser).
+_EV_STRING = re.compile(r"""'(?:[^'\\\n]|\\.)*'|"(?:[^"\\\n]|\\.)*\"""", re.S)
+_EV_NAME_ARG = re.compile(r"(?<![A-Za-z0-9_])(?:Symbol|Dummy|Float)[ \t]*\([ \t]*\Z")
+_EV_NUMBER = re.compile(r"(?<![A-Za-z0-9_])(?:\d[\d_]*(?:\.[\d_]*)?|\.\d[\d_]*)"
+                        r"(?:[eE][+-]?\d[\d_]*)?[jJ]?")
+_EV_KEYWORD = re.compile(r"(?<![A-Za-z0-9_])(lambda|import|yield|await)(?![A-Za-z0-9_])")
+_EV_ATTR = re.compile(r"\.[\s\\]*[A-Za-z_]")
+_EV_CALL = re.compile(r"(?<![A-Za-z0-9_])([A-Za-z_][A-Za-z0-9_]*)[\s\\]*\(")
+_EV_COMPUTED_CALL = re.compile(r"[)\]}][\s\\]*\(")
+_EV_NOT_CALLS = frozenset({"and", "or", "not", "in", "is", "if", "else", "for"})
+
+
+def _code_evidence(expr: str) -> str | None:
+    """Why `sympy.sympify(expr)` would run code beyond shape arithmetic, or None."""
+    if not expr.isascii():
+        return "non-ASCII characters (Python folds look-alike letters into identifiers)"
+    if "__" in expr:
+        return "a dunder name"
+    for m in _EV_STRING.finditer(expr):
+        if not _EV_NAME_ARG.search(expr, max(0, m.start() - 40), m.start()):
+            return "a string literal outside Symbol()/Float() (sympify parses strings again)"
+    rest = _EV_NUMBER.sub("0", _EV_STRING.sub("0", expr))
+    keyword = _EV_KEYWORD.search(rest)
+    if keyword:
+        return f"the keyword {keyword.group(1)!r}"
+    if _EV_ATTR.search(rest):
+        return "an attribute access"
+    for call in _EV_CALL.finditer(rest):
+        name = call.group(1)
+        if name not in _EXPR_FUNCS and name not in _EV_NOT_CALLS \
+                and not _EXPR_FUNC_FAMILY.fullmatch(name):
+            return f"a call of {name!r}, which no torch writer emits"
+    if _EV_COMPUTED_CALL.search(rest):
+        return "a call of a computed callable"
+    return None
 
 
 def _iter_exprs(node: Any, depth: int = 0) -> Iterator[str]:
@@ -477,15 +651,22 @@ def _iter_exprs(node: Any, depth: int = 0) -> Iterator[str]:
 
 
 def _check_exprs(ar: _Archive, program: Mapping[str, Any], rel: str) -> None:
-    bad: list[str] = []
-    total = 0
+    bad: list[tuple[str, str, str | None]] = []
     for expr in _iter_exprs(program):
-        total += 1
-        if not expr_is_plain(expr):
-            bad.append(expr)
-    for expr in bad[:20]:
+        problem = _plain_problem(expr)
+        if problem is not None:
+            bad.append((expr, problem, _code_evidence(expr)))
+    record = ar.prefix + rel
+    for expr, problem, _ in bad[:20]:
         ar.add(Code.PT2_SYMPY_EXPR, f"{rel}: expr_str {expr[:200]!r} would reach sympy.sympify "
-                  "(eval) and is not plain Symbol/Integer arithmetic", record=ar.prefix + rel)
+               f"(eval) and is not plain Symbol/Integer arithmetic ({problem})", record=record)
     if len(bad) > 20:
         ar.add(Code.PT2_SYMPY_EXPR, f"{rel}: {len(bad) - 20} more unsafe expr_str values",
-                  record=ar.prefix + rel)
+               record=record)
+    evil = [(expr, why) for expr, _, why in bad if why is not None]
+    for expr, why in evil[:20]:
+        ar.add(Code.PT2_SYMPY_EVAL, f"{rel}: torch.export.load calls sympy.sympify (eval) "
+               f"on expr_str {expr[:200]!r}, which runs code: {why}", record=record)
+    if len(evil) > 20:
+        ar.add(Code.PT2_SYMPY_EVAL, f"{rel}: {len(evil) - 20} more expr_str values that "
+               "run code under sympy.sympify", record=record)

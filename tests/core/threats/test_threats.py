@@ -247,3 +247,125 @@ def test_assess_never_raises(data: bytes) -> None:
     assess(run_vm(data), an, allow=frozenset(), record=None)
     for g in an.globals.values():
         assert g.status in ("allowed", "dangerous", "benign", "unknown")
+
+
+# -- red team round 3: string-eval, import, file/URL and mutation gadgets ---------------------
+
+_DG, _NEST = Code.PICKLE_DANGEROUS_GLOBAL, Code.PICKLE_NESTED_DESERIALIZER
+_C, _H = Severity.CRITICAL, Severity.HIGH
+
+
+@pytest.mark.parametrize(("module", "name", "code", "severity", "reason"), [
+    # sympy's string entry points: sympify/parse_expr eval their input
+    ("sympy", "sympify", _DG, _C, "eval"),
+    ("sympy.core.sympify", "sympify", _DG, _C, "eval"),        # the real __module__
+    ("sympy.core", "sympify", _DG, _C, "eval"),                 # attribute of sympy.core
+    ("sympy.core.sympify", "kernS", _DG, _C, "eval"),
+    ("sympy.parsing.sympy_parser", "parse_expr", _DG, _C, "eval"),
+    ("sympy.parsing.sympy_parser", "eval_expr", _DG, _C, "eval"),
+    ("sympy.parsing.sympy_parser", "stringify_expr", _DG, _C, "eval"),
+    ("sympy", "parse_expr", _DG, _C, "eval"),
+    ("sympy", "S", _DG, _C, "eval"),                            # S('...') is sympify
+    ("sympy.core.singleton", "S", _DG, _C, "eval"),
+    ("sympy.parsing.mathematica", "parse_mathematica", _DG, _C, "eval"),
+    ("sympy.utilities.lambdify", "lambdify", _DG, _C, "code"),  # exec of generated source
+    ("sympy", "lambdify", _DG, _C, "code"),
+    ("sympy.utilities.autowrap", "autowrap", _DG, _C, "code"),
+    ("sympy.printing.preview", "preview", _DG, _C, "code"),
+    ("sympy.external.importtools", "import_module", _DG, _C, "imports"),
+    ("sympy.utilities.source", "get_class", _DG, _C, "imports"),
+    # typing / typing_extensions evaluate string annotations
+    ("typing", "_eval_type", _DG, _C, "eval"),
+    ("typing", "get_type_hints", _DG, _C, "eval"),
+    ("typing", "ForwardRef._evaluate", _DG, _C, "eval"),
+    ("typing_extensions", "get_type_hints", _DG, _C, "eval"),
+    ("typing_extensions", "evaluate_forward_ref", _DG, _C, "eval"),
+    # CPython test and bootstrap internals
+    ("_testcapi", "run_in_subinterp", _DG, _C, "code"),
+    ("_testinternalcapi", "run_in_subinterp_with_config", _DG, _C, "code"),
+    ("_bootsubprocess", "_fork_exec", _DG, _C, "code"),
+    ("_bootsubprocess", "check_output", _DG, _C, "code"),
+    ("_imp", "create_dynamic", _DG, _C, "imports"),
+    ("_imp", "exec_builtin", _DG, _C, "imports"),
+    ("_frozen_importlib", "_call_with_frames_removed", _DG, _C, "imports"),
+    ("_frozen_importlib", "__import__", _DG, _C, "__import__"),
+    ("_frozen_importlib_external", "SourceFileLoader", _DG, _C, "imports"),
+    ("warnings", "_getcategory", _DG, _C, "imports"),
+    ("warnings", "_setoption", _DG, _C, "imports"),
+    ("xml.sax", "make_parser", _DG, _C, "imports"),
+    # torch: downloads, compilers, operator registration, benchmark stmt strings
+    ("torch.utils.model_zoo", "load_url", _DG, _C, "torch.load"),
+    ("torch.hub", "load_state_dict_from_url", _DG, _C, "code"),   # covered by the torch.hub prefix
+    ("torch.hub", "download_url_to_file", _DG, _C, "code"),
+    ("torch", "compile", _DG, _C, "code"),
+    ("torch.compiler", "compile", _DG, _C, "code"),
+    ("torch.compiler", "load_cache_artifacts", _NEST, _C, "deserializes"),
+    ("torch._dynamo", "optimize", _DG, _C, "code"),
+    ("torch.library", "Library", _DG, _C, "kernels"),
+    ("torch.library", "custom_op", _DG, _C, "kernels"),
+    ("torch.utils.benchmark", "Timer", _DG, _C, "code"),
+    ("torch.utils.benchmark.utils.timer", "Timer", _DG, _C, "code"),
+    ("torch.utils.benchmark.utils.cpp_jit", "compile_timeit_template", _DG, _C, "code"),
+    # files, URLs, shared memory
+    ("_pyio", "open", _DG, _H, "files"),
+    ("_pyio", "FileIO", _DG, _H, "files"),
+    ("_pyio", "open_code", _DG, _H, "files"),
+    ("tokenize", "open", _DG, _H, "files"),
+    ("xml.sax", "parse", _DG, _H, "URLs"),
+    ("xml.sax.saxutils", "prepare_input_source", _DG, _H, "URLs"),
+    ("xml.dom.minidom", "parse", _DG, _H, "files"),
+    ("xml.etree.ElementTree", "parse", _DG, _H, "files"),
+    ("numpy.lib._datasource", "open", _DG, _H, "URLs"),
+    ("numpy.lib._datasource", "DataSource", _DG, _H, "URLs"),
+    ("numpy", "DataSource", _DG, _H, "URLs"),
+    ("antigravity", "geohash", _DG, _H, "browser"),
+    ("_posixshmem", "shm_unlink", _DG, _H, "shared memory"),
+    ("_posixshmem", "shm_open", _DG, _H, "shared memory"),
+    ("_multiprocessing", "sem_unlink", _DG, _H, "semaphores"),
+    # in-place mutators, under both spellings of the operator module
+    ("_operator", "setitem", _DG, _H, "mutates"),
+    ("operator", "setitem", _DG, _H, "mutates"),
+    ("_operator", "delitem", _DG, _H, "mutates"),
+    ("operator", "iadd", _DG, _H, "mutates"),
+    ("_operator", "iconcat", _DG, _H, "mutates"),
+    ("builtins", "__annotations__", _DG, _C, "__annotations__"),
+])
+def test_red_team_round_3_globals_are_dangerous(module: str, name: str, code: Code,
+                                                severity: Severity, reason: str) -> None:
+    t = classify_global(module, name)
+    assert (t.status, t.code, t.severity) == ("dangerous", code, severity), t
+    assert reason in t.reason
+
+
+@pytest.mark.parametrize(("module", "name", "status"), [
+    ("typing", "Any", "benign"),                                 # exact names only in typing
+    ("typing", "ForwardRef", "unknown"),
+    ("sympy.core.symbol", "Symbol", "unknown"),                   # sympy data classes stay unknown
+    ("sympy.core.numbers", "Integer", "unknown"),
+    ("torch.utils.benchmark.utils.common", "Measurement", "unknown"),   # pickled results
+    ("torch._dynamo.decorators", "_DimRange", "benign"),
+    ("operator", "getitem", "unknown"),
+    ("warnings", "WarningMessage", "unknown"),
+    ("xml.sax.handler", "ContentHandler", "unknown"),
+    ("numpy.dtypes", "Float32DType", "benign"),
+])
+def test_red_team_round_3_neighbours_keep_their_status(module: str, name: str, status: str) -> None:
+    assert classify_global(module, name).status == status
+
+
+def test_operator_and_underscore_operator_rules_agree() -> None:
+    """`operator` re-exports `_operator`: a rule for one spelling must exist for the other."""
+    from core.threat_table import DANGEROUS_NAMES
+
+    ops = {k.split(".", 1)[1] for k in DANGEROUS_NAMES if k.split(".")[0] in ("operator", "_operator")}
+    for name in ops:
+        assert DANGEROUS_NAMES.get(f"operator.{name}") == DANGEROUS_NAMES.get(f"_operator.{name}")
+        assert DANGEROUS_NAMES.get(f"operator.{name}") is not None, name
+    assert {"setitem", "delitem", "attrgetter", "methodcaller", "itemgetter", "call"} <= ops
+
+
+def test_annotations_is_a_dangerous_dunder() -> None:
+    from core.threat_table import DANGEROUS_DUNDERS
+
+    assert "__annotations__" in DANGEROUS_DUNDERS
+    assert classify_global("typing", "NamedTuple.__annotations__").status == "dangerous"
