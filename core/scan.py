@@ -163,12 +163,16 @@ def _analyze_head_pickle(source: ByteSource, an: Analysis) -> None:
         window = min(window * 4, source.size, limits.max_pickle_bytes)
     imports = [g for g in vm.globals
                if _IMPORTABLE.fullmatch(g.raw_module) and _IMPORTABLE.fullmatch(g.raw_name)]
-    if not imports:
-        return
-    an.add(Code.PICKLE_POLYGLOT, f"the first bytes of this {an.format} file are also a pickle "
-           f"that imports {len(imports)} global(s), first {imports[0].module}.{imports[0].name}",
-           offset=0)
-    assess(vm, an, allow=an.options.allow, record=None)
+    if imports:
+        an.add(Code.PICKLE_POLYGLOT, f"the first bytes of this {an.format} file are also a "
+               f"pickle that imports {len(imports)} global(s), first "
+               f"{imports[0].module}.{imports[0].name}", offset=0)
+        assess(vm, an, allow=an.options.allow, record=None)
+    elif vm.error is not None and vm.error.code.name.startswith("LIMIT_"):
+        # the real format's first bytes stop any pickle at once; a pickle that runs into our
+        # limits (10,000 nested MARKs: CPython has no such limit) may hide a global behind them
+        an.add(Code.PICKLE_POLYGLOT, f"the first bytes of this {an.format} file are also a "
+               f"pickle that runs past the scanner's limits ({vm.error.message})", offset=0)
 
 
 def _analyze_polyglot_zip(source: ByteSource, an: Analysis) -> None:

@@ -782,15 +782,24 @@ def _callee_label(func: Global) -> str:
     return f"{func.name}()" if func.module == "builtins" else f"{func.full}()"
 
 
-def hash_error(v: Any, storage_of: StorageOf, depth: int = 0) -> str | None:
-    """Python's "unhashable type: 'X'" message if `hash(v)` fails in torch, else None."""
+def hash_error(v: Any, storage_of: StorageOf, depth: int = 0,
+               hashable: set[int] | None = None) -> str | None:
+    """Python's "unhashable type: 'X'" message if `hash(v)` fails in torch, else None.
+
+    `hashable` holds the ids of tuples already found hashable: a tuple DAG built through the
+    memo (each level holding the previous one twice) has 2**depth paths, and is walked once."""
     if depth > 100:
         raise unmodelled("hash of a deeply nested tuple")
     if isinstance(v, tuple):
+        if hashable is None:
+            hashable = set()
+        if id(v) in hashable:
+            return None
         for x in v:
-            err = hash_error(x, storage_of, depth + 1)
+            err = hash_error(x, storage_of, depth + 1, hashable)
             if err is not None:
                 return err
+        hashable.add(id(v))
         return None
     if isinstance(v, (list, dict, set)):
         return f"unhashable type: '{type(v).__name__}'"

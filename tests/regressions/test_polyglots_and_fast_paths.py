@@ -74,6 +74,27 @@ def test_polyglot_pickles_are_unsafe(tmp_path: Path, kind: str) -> None:
     assert _pickle_load_runs(path), "the polyglot must really run under pickle.load"
 
 
+def test_a_polyglot_hidden_behind_the_scanners_limits_is_unsafe(tmp_path: Path) -> None:
+    """10,001 MARKs before the payload: our interpreter stops at its depth limit, CPython's
+    has none and runs it. A real safetensors file never runs into a limit."""
+    path = tmp_path / "model.safetensors"
+    path.write_bytes(_safetensors_polyglot(b"(" * 10_001 + PAYLOAD))
+    report = scan_path(path)
+    assert report.verdict == "unsafe" and "PICKLE_POLYGLOT" in {f.code for f in report.findings}
+    assert _pickle_load_runs(path)
+
+
+def test_a_tuple_dag_key_is_judged_in_linear_time() -> None:
+    """((x, x), (x, x)) ... 60 levels through the memo: 2**60 paths, 60 distinct tuples.
+    The exact interpreter's hashability check walks each tuple once (run in a subprocess so
+    a regression fails on the timeout instead of hanging the suite)."""
+    code = ("from core.torch_rebuild import hash_error\n"
+            "t = (1,)\nfor _ in range(60): t = (t, t)\nprint(hash_error(t, None))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60, check=True, cwd=Path(__file__).resolve().parents[2])
+    assert out.stdout.strip() == "None"
+
+
 def test_the_safetensors_polyglot_is_a_real_safetensors_file() -> None:
     data = _safetensors_polyglot(PAYLOAD)
     report = scan_source(BytesSource(data))
