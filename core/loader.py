@@ -16,6 +16,7 @@ Example:
 
 from __future__ import annotations
 
+import struct
 import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -30,6 +31,7 @@ from core.report import Report, SourceInfo, StorageEntry, TensorEntry
 from core.source import ByteSource, FileSource
 from core.urlguard import UrlGuard
 
+_LOCAL = struct.Struct("<IHHHHHIIIHH")   # a zip local file header (30 bytes)
 _ML_DTYPES = frozenset({"bfloat16", "float8_e5m2", "float8_e4m3fn", "float8_e5m2fnuz",
                         "float8_e4m3fnuz", "float8_e8m0fnu"})
 
@@ -65,6 +67,7 @@ class RemoteCheckpoint:
     _by_name: dict[str, TensorEntry] = field(init=False, repr=False)
     _ambiguous: dict[str, int] = field(init=False, repr=False)   # name -> how many share it
     _storages: dict[str, StorageEntry] = field(init=False, repr=False)
+    _headers: dict[str, int] | None = field(init=False, repr=False, default=None)
 
     def __post_init__(self) -> None:
         self._by_name = {}
@@ -96,19 +99,24 @@ class RemoteCheckpoint:
 
     def read_tensor(self, name: str) -> np.ndarray:
         """The tensor `name` as a new C-contiguous array: exactly one ranged read."""
-        entry = self.entry(name)
-        span = self._span(entry)
-        data = self.source.read_at(*span) if span[1] else b""
-        return self._to_array(entry, data)
+        return self.read_tensors([name])[name]
 
     def read_tensors(self, names: Iterable[str]) -> dict[str, np.ndarray]:
         """Several tensors; their spans go to the source at once (coalesced over HTTP)."""
         entries = [self.entry(n) for n in dict.fromkeys(names)]
         spans = [self._span(e) for e in entries]
-        wanted = [s for s in spans if s[1]]
+        headers = [self._local_header(e) if s[1] else None for e, s in zip(entries, spans, strict=True)]
+        # a remote read starts at the record's local header, to check where its data begins
+        wanted = [s if h is None else (h, s[0] + s[1] - h)
+                  for s, h in zip(spans, headers, strict=True) if s[1]]
         blobs = iter(self.source.read_many(wanted)) if wanted else iter(())
-        return {e.name: self._to_array(e, next(blobs) if s[1] else b"")
-                for e, s in zip(entries, spans, strict=True)}
+        out = {}
+        for e, s, h in zip(entries, spans, headers, strict=True):
+            data = next(blobs) if s[1] else b""
+            if h is not None:
+                data = self._after_local_header(e, h, data)
+            out[e.name] = self._to_array(e, data)
+        return out
 
     def close(self) -> None:
         close = getattr(self.source, "close", None)
@@ -120,6 +128,42 @@ class RemoteCheckpoint:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    # --- where the data begins ------------------------------------------------------
+
+    def _local_header(self, entry: TensorEntry) -> int | None:
+        """The local header offset of the tensor's zip record when the scan did not read
+        it (a remote scan checks calculated offsets against the central directory only);
+        None when there is nothing to check."""
+        if getattr(self.source, "random_access_cheap", True) or entry.storage is None:
+            return None
+        storage = self._storages.get(entry.storage)
+        if storage is None or storage.record is None:
+            return None
+        if self._headers is None:
+            from core.zipdir import read_directory  # the tail is cached: no new request
+
+            directory = read_directory(self.source)
+            self._headers = {s.record: e.header_offset for s in self._storages.values()
+                             if s.record is not None
+                             and (e := directory.find(s.record)) is not None}
+        return self._headers.get(storage.record)
+
+    def _after_local_header(self, entry: TensorEntry, header: int, data: bytes) -> bytes:
+        """The tensor's bytes from a read that starts at its record's local header, after
+        checking that the header puts the record's data where the manifest says (torch,
+        through miniz, reads it where the local header says)."""
+        if len(data) < _LOCAL.size or data[:4] != b"PK\x03\x04":
+            raise TensorUnreadable(f"{entry.name}: no local zip header at offset {header}")
+        name_len, extra_len = _LOCAL.unpack_from(data)[-2:]
+        begins = header + _LOCAL.size + name_len + extra_len
+        storage = self._storages[entry.storage]  # type: ignore[index]
+        if begins != storage.data_offset or entry.data_offset is None:
+            raise TensorUnreadable(
+                f"{entry.name}: the local header of {storage.record} puts its data at {begins}, "
+                f"not at the calculated {storage.data_offset}: this file reads differently to "
+                "torch and to offset-calculating readers")
+        return data[entry.data_offset - header:]
 
     # --- bytes -> array -------------------------------------------------------------
 

@@ -85,3 +85,29 @@ def test_remote_repack_reads_torchs_bytes(repacked: dict[str, tuple[Path, dict[s
     with RangeServer({"/ckpt.pt": path}) as srv, \
             open_checkpoint(srv.url("/ckpt.pt"), guard=GUARD) as ckpt:
         _check(ckpt, loaded)
+
+
+def test_a_shifted_local_header_is_read_as_torch_reads_it_or_refused(tmp_path: Path) -> None:
+    """One record's local extra field grown by 4 bytes: torch (miniz) reads its data 4 bytes
+    later than the calculated offset. A local scan reads every local header and serves
+    torch's bytes; a remote read checks the record's local header and refuses the tensor
+    rather than serve other bytes than torch's."""
+    from core.loader import TensorUnreadable
+
+    original = tmp_path / "original.pt"
+    torch.save({"a": torch.arange(4.0), "b": torch.arange(100.0, 140.0)}, original)
+    data = bytearray(original.read_bytes())
+    header = {i.filename: i.header_offset for i in zipfile.ZipFile(original).infolist()}
+    at = header["original/data/1"] + 28
+    data[at:at + 2] = (int.from_bytes(data[at:at + 2], "little") + 4).to_bytes(2, "little")
+    path = tmp_path / "shifted.pt"
+    path.write_bytes(bytes(data))
+    loaded = torch.load(path, weights_only=True)
+    assert loaded["b"][0].item() != 100.0   # torch really reads elsewhere
+    with open_checkpoint(str(path)) as ckpt:
+        assert np.array_equal(ckpt.read_tensor("b"), loaded["b"].numpy())
+    with RangeServer({"/ckpt.pt": path}) as srv, \
+            open_checkpoint(srv.url("/ckpt.pt"), guard=GUARD) as ckpt:
+        assert np.array_equal(ckpt.read_tensor("a"), loaded["a"].numpy())
+        with pytest.raises(TensorUnreadable, match="reads differently"):
+            ckpt.read_tensor("b")
