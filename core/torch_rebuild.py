@@ -883,9 +883,11 @@ def _user_numpy_dtype(func: Global, args: tuple[Any, ...], so: StorageOf) -> Cal
 
 def _user_reconstruct(func: Global, args: tuple[Any, ...], so: StorageOf) -> Call | None:
     # numpy's ndarray.__reduce__: _reconstruct(ndarray, (0,), b'b'); BUILD then sets the data
+    # (numpy writes shape (0,) and dtype b'b'; others are left unmodelled: numpy refuses
+    # dtypes it does not understand and arrays too big for memory)
     if (len(args) == 3 and isinstance(args[0], Global) and args[0].full == "numpy.ndarray"
-            and isinstance(args[1], tuple) and all(_is_int(x) and 0 <= x < 1 << 31 for x in args[1])
-            and isinstance(args[2], Call) and args[2].attrs.get("type") == "bytes"):
+            and args[1] == (0,) and isinstance(args[2], Call)
+            and args[2].attrs.get("type") == "bytes" and args[2].attrs.get("value") == b"b"):
         c = Call(func, args, "REDUCE", -1)
         c.attrs.update(type="numpy.ndarray", build="state")
         return c
@@ -947,21 +949,30 @@ def check_partial_state(state: Any, callables: Callable[[Any], bool]) -> None:
         raise unmodelled("functools.partial BUILD with this state")
 
 
+_NUMPY_MAX_DIMS = 64
+_NUMPY_MAX_BYTES = 1 << 62
+
+
 def check_numpy_state(inst: Call, state: Any) -> None:
     """`__setstate__` of a numpy dtype / ndarray: only the states numpy itself writes."""
     t = inst.attrs.get("type")
     if t == "numpy.ndarray":
+        # numpy's limits: at most 64 dimensions, no array past the address space
         if (isinstance(state, tuple) and len(state) == 5 and state[0] == 1 and type(state[0]) is int
-                and isinstance(state[1], tuple) and all(_is_int(x) and 0 <= x < 1 << 31 for x in state[1])
+                and isinstance(state[1], tuple) and len(state[1]) <= _NUMPY_MAX_DIMS
+                and all(_is_int(x) and 0 <= x < 1 << 31 for x in state[1])
                 and isinstance(state[2], Call) and isinstance(state[3], bool)):
             numel = 1
             for x in state[1]:
                 numel *= x
             dt, data = state[2].attrs, state[4]
-            if dt.get("type") == "numpy.dtypes.ObjectDType" and type(data) is list and len(data) == numel:
-                return
-            if (dt.get("tail") and isinstance(data, Call) and data.attrs.get("type") == "bytes"
-                    and len(data.attrs.get("value", b"")) == numel * dt["itemsize"]):
+            if dt.get("type") == "numpy.dtypes.ObjectDType":
+                # object arrays pickle their items as a list; raw bytes would be pointers
+                if type(data) is list and len(data) == numel:
+                    return
+            elif (dt.get("tail") and isinstance(data, Call) and data.attrs.get("type") == "bytes"
+                    and len(data.attrs.get("value", b"")) == numel * dt["itemsize"]
+                    and numel * dt["itemsize"] < _NUMPY_MAX_BYTES):
                 return
         raise unmodelled("ndarray BUILD with this state")
     if (isinstance(state, tuple) and len(state) == 8 and state[0] == 3 and type(state[0]) is int

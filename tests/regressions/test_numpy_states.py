@@ -1,0 +1,58 @@
+"""Hand-made numpy states (red team, round 3) that numpy itself refuses.
+
+With the numpy globals allowlisted, torch.load(weights_only=True) runs numpy's own
+`_reconstruct` and `ndarray.__setstate__`, which refuse: raw bytes as an object array's
+items, a dtype code numpy does not know, 65 dimensions. The scan must never call such a
+file loadable. `obj_list.pt` (items as a list, as numpy writes them) loads, and so must it
+in the scan; `recon_big.pt` (`_reconstruct` of 2**24 objects, not what numpy writes) loads
+in torch, and the scan may only call it unmodelled, never refused.
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import pytest
+
+from core.analysis import ScanOptions
+from core.scan import scan_path
+
+torch = pytest.importorskip("torch")
+np = pytest.importorskip("numpy")
+pytestmark = pytest.mark.torch
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "numpy_states"
+ALLOW = ["numpy._core.multiarray._reconstruct", "numpy.ndarray", "numpy.dtype",
+         "numpy.dtypes.ObjectDType", "numpy.dtypes.Float32DType", "numpy.dtypes.Float64DType",
+         "numpy.dtypes.Int64DType", "numpy.dtypes.UInt8DType"]
+
+
+def _torch_loads(path: Path) -> bool:
+    import numpy._core.multiarray as multiarray
+
+    allowed = [multiarray._reconstruct, np.ndarray, np.dtype, np.dtypes.ObjectDType,
+               np.dtypes.Float32DType, np.dtypes.Float64DType, np.dtypes.Int64DType,
+               np.dtypes.UInt8DType]
+    with warnings.catch_warnings(), torch.serialization.safe_globals(allowed):
+        warnings.simplefilter("ignore")
+        try:
+            torch.load(path, weights_only=True)
+        except Exception:   # numpy's refusal is the oracle's answer
+            return False
+    return True
+
+
+@pytest.mark.parametrize("name", ["obj_bytes", "bad_dtype_bytes", "dims65", "recon_big", "obj_list"])
+def test_numpy_states_numpy_refuses_are_never_loadable(name: str) -> None:
+    path = FIXTURES / f"{name}.pt"
+    report = scan_path(path, options=ScanOptions(allow=frozenset(ALLOW)))
+    loads = _torch_loads(path)
+    assert loads == (name in ("obj_list", "recon_big"))
+    wo = report.weights_only
+    if not loads:
+        assert not wo.loadable and report.verdict != "safe", wo
+    elif name == "obj_list":
+        assert wo.loadable and report.verdict == "safe", wo
+    else:
+        assert wo.loadable or wo.error_type == "Unmodelled", wo
