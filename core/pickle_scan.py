@@ -24,7 +24,7 @@ from core.pickletoken import Tokens
 from core.report import WeightsOnly
 from core.threats import assess
 from core.torch_rebuild import numpy_dtype_class
-from core.values import Global, PersId
+from core.values import Call, Global, PersId
 from core.vm import GlobalUse, VmResult, run_vm
 from core.weights_only import (
     ALLOWED_GLOBALS,
@@ -185,19 +185,23 @@ def first_line(text: str) -> str:
 
 
 def set_weights_only(an: Analysis, error: TorchError | None, pickle_data: bytes | None, *,
-                     unsafe: list[str] | None = None) -> None:
+                     unsafe: list[str] | None = None, calls: list[Call] | None = None) -> None:
     """Record torch's weights-only outcome in the report (+ a finding when it refuses).
 
     `unsafe_globals` is `get_unsafe_globals_in_checkpoint`'s walk over `pickle_data` (the
     main pickle; None when there is none, or when the fast path already proved every
-    global allowlisted), unless the caller passes the list itself (`unsafe`).
+    global allowlisted), unless the caller passes the list itself (`unsafe`). `calls` are
+    the pickles' calls when the caller has them (the hint's numpy DType classes come from
+    them; otherwise from `pickle_data`).
     """
     if unsafe is None:
         listed = unsafe_globals(pickle_data, an.options.allow) if pickle_data else []
         unsafe = listed if isinstance(listed, list) else []
     benign = sorted(g.full for g in an.globals.values() if g.status == "benign")
-    if pickle_data and "numpy.dtype" in benign:
-        benign = sorted(set(benign) | (numpy_dtype_classes(pickle_data, an) - an.options.allow))
+    if "numpy.dtype" in benign and (calls is not None or pickle_data):
+        if calls is None:
+            calls = run_vm(pickle_data, limits=an.options.limits).calls  # type: ignore[arg-type]
+        benign = sorted(set(benign) | (numpy_dtype_classes(calls) - an.options.allow))
     an.weights_only = WeightsOnly(
         loadable=error is None,
         error=first_line(error.message) if error else None,
@@ -210,12 +214,11 @@ def set_weights_only(an: Analysis, error: TorchError | None, pickle_data: bytes 
         an.add(Code.TORCH_WEIGHTS_ONLY_FAILED, f"{error.type}: {message}", offset=error.offset)
 
 
-def numpy_dtype_classes(pickle_data: bytes, an: Analysis) -> set[str]:
+def numpy_dtype_classes(calls: list[Call]) -> set[str]:
     """The numpy DType classes (`numpy.dtypes.UInt32DType`...) the `numpy.dtype(spec, ...)`
-    calls of the pickle make: torch BUILDs on them, so the hint must allowlist them too."""
-    vm = run_vm(pickle_data, limits=an.options.limits)
+    calls make: torch BUILDs on them, so the hint must allowlist them too."""
     out = set()
-    for call in vm.calls:
+    for call in calls:
         if isinstance(call.func, Global) and call.func.full == "numpy.dtype" \
                 and isinstance(call.args, tuple) and call.args:
             cls = numpy_dtype_class(call.args[0])

@@ -121,7 +121,7 @@ class _Stream:
                 keys = self.key_list(scans[4], blocks)
                 sites = self.locate(keys, blocks, pos) if keys is not None else {}
             build_manifest(main.root, SiteTable(sites), an)
-        self.finish()
+        self.finish([c for scan in scans for c in scan.vm.calls])
 
     def check(self, what: str, scan: PickleScan) -> None:
         """torch's checks on each pickle's value (serialization.py `_legacy_load`)."""
@@ -257,11 +257,11 @@ class _Stream:
                 return
             pos = vm.end
 
-    def finish(self) -> None:
+    def finish(self, calls: list[Call]) -> None:
         # get_unsafe_globals_in_checkpoint refuses non-zip files (FORMATS.md §3.7): list what
         # the allowlist rejected in any of the five pickles instead.
         listed = sorted(g.full for g in self.an.globals.values() if g.status != "allowed")
-        set_weights_only(self.an, self.error, None, unsafe=listed)
+        set_weights_only(self.an, self.error, None, unsafe=listed, calls=calls)
 
 
 def _blocks(scan: PickleScan) -> dict[Any, _Block]:
