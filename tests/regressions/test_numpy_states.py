@@ -31,16 +31,9 @@ ALLOW = ["numpy._core.multiarray._reconstruct", "numpy.ndarray", "numpy.dtype",
 def _torch_loads(path: Path) -> bool:
     import numpy._core.multiarray as multiarray
 
-    allowed = [multiarray._reconstruct, np.ndarray, np.dtype, np.dtypes.ObjectDType,
-               np.dtypes.Float32DType, np.dtypes.Float64DType, np.dtypes.Int64DType,
-               np.dtypes.UInt8DType]
-    with warnings.catch_warnings(), torch.serialization.safe_globals(allowed):
-        warnings.simplefilter("ignore")
-        try:
-            torch.load(path, weights_only=True)
-        except Exception:   # numpy's refusal is the oracle's answer
-            return False
-    return True
+    return _torch_loads_with(path, [
+        multiarray._reconstruct, np.ndarray, np.dtype, np.dtypes.ObjectDType,
+        np.dtypes.Float32DType, np.dtypes.Float64DType, np.dtypes.Int64DType, np.dtypes.UInt8DType])
 
 
 @pytest.mark.parametrize("name", ["obj_bytes", "bad_dtype_bytes", "dims65", "recon_big", "obj_list"])
