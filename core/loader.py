@@ -16,7 +16,6 @@ Example:
 
 from __future__ import annotations
 
-import struct
 import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -26,12 +25,12 @@ import numpy as np
 
 from core.analysis import ScanOptions
 from core.dtypes import ITEMSIZE, NUMPY_DTYPE
-from core.errors import Code
+from core.errors import CkptError, Code
 from core.report import Report, SourceInfo, StorageEntry, TensorEntry
 from core.source import ByteSource, FileSource
 from core.urlguard import UrlGuard
+from core.zipdir import parse_local_header, read_directory
 
-_LOCAL = struct.Struct("<IHHHHHIIIHH")   # a zip local file header (30 bytes)
 _ML_DTYPES = frozenset({"bfloat16", "float8_e5m2", "float8_e4m3fn", "float8_e5m2fnuz",
                         "float8_e4m3fnuz", "float8_e8m0fnu"})
 
@@ -141,9 +140,7 @@ class RemoteCheckpoint:
         if storage is None or storage.record is None:
             return None
         if self._headers is None:
-            from core.zipdir import read_directory  # the tail is cached: no new request
-
-            directory = read_directory(self.source)
+            directory = read_directory(self.source)   # the tail is cached: no new request
             self._headers = {s.record: e.header_offset for s in self._storages.values()
                              if s.record is not None
                              and (e := directory.find(s.record)) is not None}
@@ -153,10 +150,10 @@ class RemoteCheckpoint:
         """The tensor's bytes from a read that starts at its record's local header, after
         checking that the header puts the record's data where the manifest says (torch,
         through miniz, reads it where the local header says)."""
-        if len(data) < _LOCAL.size or data[:4] != b"PK\x03\x04":
-            raise TensorUnreadable(f"{entry.name}: no local zip header at offset {header}")
-        name_len, extra_len = _LOCAL.unpack_from(data)[-2:]
-        begins = header + _LOCAL.size + name_len + extra_len
+        try:
+            begins = parse_local_header(data, header).data_offset
+        except CkptError as exc:
+            raise TensorUnreadable(f"{entry.name}: {exc.message} at offset {header}") from exc
         storage = self._storages[entry.storage]  # type: ignore[index]
         if begins != storage.data_offset or entry.data_offset is None:
             raise TensorUnreadable(

@@ -16,7 +16,6 @@ from __future__ import annotations
 import gc
 import logging
 import os
-import re
 import time
 from typing import TYPE_CHECKING
 
@@ -140,8 +139,6 @@ def _dispatch(source: ByteSource, kind: Sniffed, an: Analysis) -> None:
         _analyze_polyglot_zip(source, an)
 
 
-# a name pickle.load could import: junk bytes between two newlines never run anything
-_IMPORTABLE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*")
 _HEAD_WINDOW = 65536
 
 
@@ -151,7 +148,7 @@ def _analyze_head_pickle(source: ByteSource, an: Analysis) -> None:
     is a polyglot. The window grows only while the pickle runs past its end, so a real
     safetensors/NumPy file (whose first bytes stop any pickle at once) costs one small read."""
     from core.threats import assess
-    from core.vm import run_vm
+    from core.vm import DOTTED_NAME, run_vm
 
     limits = an.options.limits
     window = min(source.size, _HEAD_WINDOW)
@@ -161,8 +158,9 @@ def _analyze_head_pickle(source: ByteSource, an: Analysis) -> None:
         if not truncated or window >= min(source.size, limits.max_pickle_bytes):
             break
         window = min(window * 4, source.size, limits.max_pickle_bytes)
+    # only a name pickle.load could import: junk bytes between two newlines never run anything
     imports = [g for g in vm.globals
-               if _IMPORTABLE.fullmatch(g.raw_module) and _IMPORTABLE.fullmatch(g.raw_name)]
+               if DOTTED_NAME.fullmatch(g.raw_module) and DOTTED_NAME.fullmatch(g.raw_name)]
     if imports:
         an.add(Code.PICKLE_POLYGLOT, f"the first bytes of this {an.format} file are also a "
                f"pickle that imports {len(imports)} global(s), first "

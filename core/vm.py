@@ -59,7 +59,7 @@ _U64 = struct.Struct("<Q").unpack_from
 _F64 = struct.Struct(">d").unpack_from   # BINFLOAT is big-endian (FORMATS.md §2.1)
 
 # A dotted Python identifier (ASCII); anything else is worth a note.
-_DOTTED = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*")
+DOTTED_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*")
 # Dict keys / set members beyond these are not hashed (see hashable_key).
 _MAX_KEY_DEPTH = 200
 _MAX_KEY_NODES = 10_000
@@ -271,7 +271,7 @@ class _Machine:
         # Cached, and length first: a memo'd long "identifier" must not be rescanned at every use.
         ok = self.dotted.get(text)
         if ok is None:
-            ok = self.dotted[text] = len(text) <= 1000 and _DOTTED.fullmatch(text) is not None
+            ok = self.dotted[text] = len(text) <= 1000 and DOTTED_NAME.fullmatch(text) is not None
         return ok
 
     def decode_name(self, raw: bytes, encoding: str, opcode: str, pos: int) -> str:
