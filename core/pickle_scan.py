@@ -191,16 +191,13 @@ def set_weights_only(an: Analysis, error: TorchError | None, pickle_data: bytes 
     `unsafe_globals` is `get_unsafe_globals_in_checkpoint`'s walk over `pickle_data` (the
     main pickle; None when there is none, or when the fast path already proved every
     global allowlisted), unless the caller passes the list itself (`unsafe`). `calls` are
-    the pickles' calls when the caller has them (the hint's numpy DType classes come from
-    them; otherwise from `pickle_data`).
+    the pickles' calls (the VM's): the hint's numpy DType classes come from them.
     """
     if unsafe is None:
         listed = unsafe_globals(pickle_data, an.options.allow) if pickle_data else []
         unsafe = listed if isinstance(listed, list) else []
     benign = sorted(g.full for g in an.globals.values() if g.status == "benign")
-    if "numpy.dtype" in benign and (calls is not None or pickle_data):
-        if calls is None:
-            calls = run_vm(pickle_data, limits=an.options.limits).calls  # type: ignore[arg-type]
+    if calls and "numpy.dtype" in benign:
         benign = sorted(set(benign) | (numpy_dtype_classes(calls) - an.options.allow))
     an.weights_only = WeightsOnly(
         loadable=error is None,

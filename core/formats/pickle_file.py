@@ -20,4 +20,5 @@ def analyze(source: ByteSource, an: Analysis) -> None:
                             f"{source.size}-byte pickle exceeds {limits.max_pickle_bytes}")
     data = source.read_at(0, source.size)
     scan = scan_pickle(data, an, record=None, base_offset=0)
-    set_weights_only(an, scan.weights_only.error, None if scan.fast else data)
+    set_weights_only(an, scan.weights_only.error, None if scan.fast else data,
+                     calls=scan.vm.calls)

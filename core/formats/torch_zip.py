@@ -131,7 +131,8 @@ def analyze_zip(source: ByteSource, directory: ZipDirectory, an: Analysis) -> No
         _flag_unreferenced(directory, prefix, {k for k, _ in storages}, an)
     if meta.get("byteorder") == b"big":
         an.add(Code.TORCH_BIG_ENDIAN, "storages are big-endian", record=f"{prefix}/byteorder")
-    set_weights_only(an, torch_error or scan.weights_only.error, None if scan.fast else data)
+    set_weights_only(an, torch_error or scan.weights_only.error, None if scan.fast else data,
+                     calls=scan.vm.calls)
 
 
 def check_generic_zip(source: ByteSource, directory: ZipDirectory, an: Analysis) -> None:
