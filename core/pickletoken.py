@@ -67,8 +67,6 @@ _U32 = struct.Struct("<I")
 LIST_REWRITE = b"c__ckptguard__\nlist\n)R"
 
 
-
-
 def _engine_sound() -> bool:
     """Does this Python's `re` restore the position when a possessive repeat's last try
     fails half-way? CPython 3.11.0-3.11.4 do not (gh-100061, gh-106052; fixed in 3.11.5):
@@ -186,9 +184,9 @@ class StubUnpickler(pickle.Unpickler):
     `find_class` maps a name as torch does and asks `make_stub` once per name; strings
     decode as torch.load decodes them. Each GLOBAL the C unpickler executes must be the
     next one the walk saw (so its allowlist check covered it), else Decline: a second
-    line of defence should the walk ever lose its place. The input sits in a BufferedReader: with `peek()`
-    the C unpickler reads from its own buffer instead of calling read() for every opcode
-    (halves the load time).
+    line of defence should the walk ever lose its place. The input sits in a
+    BufferedReader: with `peek()` the C unpickler reads from its own buffer instead of
+    calling read() for every opcode (halves the load time).
     """
 
     def __init__(self, data: bytes, toks: Tokens) -> None:

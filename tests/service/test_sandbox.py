@@ -112,15 +112,26 @@ def test_worker_recycled_after_max_scans(make_client) -> None:
     assert restarts(client, "recycled") == 2
 
 
+async def _one_worker(max_queued: int | None) -> Jobs:
+    """A started pool of one worker with the test hooks and a 2 s scan timeout."""
+    jobs = Jobs(1, WorkerLimits(memory_bytes=1 << 30, cpu_seconds=30, test_hooks=True),
+                timeout_s=2, max_queued=max_queued)
+    await jobs.start()
+    return jobs
+
+
+def _ok_pickle(tmp_path: Path) -> Path:
+    path = tmp_path / "ok.pkl"
+    path.write_bytes(pickle.dumps([1], protocol=2))
+    return path
+
+
 def test_cancelled_caller_does_not_leak_the_worker(tmp_path: Path) -> None:
     """A request cancelled mid-scan (client gone) must give its worker back to the pool."""
     async def run() -> None:
-        jobs = Jobs(1, WorkerLimits(memory_bytes=1 << 30, cpu_seconds=30, test_hooks=True),
-                    timeout_s=2)
-        await jobs.start()
+        jobs = await _one_worker(max_queued=None)
         try:
-            path = tmp_path / "ok.pkl"
-            path.write_bytes(pickle.dumps([1], protocol=2))
+            path = _ok_pickle(tmp_path)
             task = asyncio.create_task(jobs.scan(str(path), {"kind": "file"}, hook="sleep"))
             await asyncio.sleep(0.5)
             task.cancel()
@@ -161,12 +172,9 @@ def test_pool_refuses_only_callers_that_may_not_wait(tmp_path: Path) -> None:
     from app.jobs import PoolFull
 
     async def run() -> None:
-        jobs = Jobs(1, WorkerLimits(memory_bytes=1 << 30, cpu_seconds=30, test_hooks=True),
-                    timeout_s=2, max_queued=0)
-        await jobs.start()
+        jobs = await _one_worker(max_queued=0)
         try:
-            path = tmp_path / "ok.pkl"
-            path.write_bytes(pickle.dumps([1], protocol=2))
+            path = _ok_pickle(tmp_path)
             busy = asyncio.create_task(jobs.scan(str(path), {"kind": "file"}, hook="sleep"))
             await asyncio.sleep(0.3)
             assert jobs.full()
