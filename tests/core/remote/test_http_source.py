@@ -225,7 +225,9 @@ def test_redirect_keeps_range_and_drops_auth_on_other_hosts(server, small_ckpt) 
         assert src.round_trips == 2
     hub = [e for e in server.log if e.path == "/hub.pt"]
     cdn = [e for e in server.log if e.path == "/small.pt"]
-    assert len(hub) == 2 and len(cdn) == 2
+    # head and tail go out concurrently; on a loaded machine one may start only after the
+    # other's chain ended, and then goes straight to the reused target (one hub request)
+    assert len(hub) in (1, 2) and len(cdn) == 2
     assert all(e.headers.get("Authorization") == "Bearer s3cret" for e in hub)
     assert all("Authorization" not in e.headers for e in cdn)
     assert sorted(e.range for e in cdn) == sorted(["bytes=0-65535", "bytes=-69632"])
