@@ -37,7 +37,6 @@ from core.analysis import Analysis
 from core.dtypes import FLOATING, ITEMSIZE, PACKED_PER_BYTE, UNTYPED_STORAGES, storage_dtype
 from core.errors import Code
 from core.fastload import (
-    CheckedList,
     Loaded,
     RebuildCall,
     RebuildParameter,
@@ -57,7 +56,7 @@ from core.formats.torch_zip import (
 )
 from core.offsets import DESCRIPTOR_SIZE32, FB_HEADER_SIZE, LOCAL_HEADER_SIZE
 from core.pickle_scan import allowed_checker, global_uses, set_weights_only
-from core.pickletoken import Decline, Tokens
+from core.pickletoken import CheckedDict, CheckedList, Decline, Tokens
 from core.report import StorageEntry, TensorEntry
 from core.source import ByteSource
 from core.tensors import segment as tensor_segment
@@ -508,7 +507,7 @@ def _walk(loaded: Loaded, views: _Views, storages: _Storages, record: str,
 def _flat_state_dict(loaded: Loaded) -> tuple[list[str], list[Any]] | None:
     """The common root, a dict of str -> tensor, without walking it; None for any other."""
     root = loaded.root
-    if (type(root) is not dict and type(root) is not loaded.dict_type) \
+    if (type(root) is not CheckedDict and type(root) is not loaded.dict_type) \
             or id(root) in loaded.attributes:
         return None
     keys, values = list(root), list(root.values())
@@ -540,7 +539,7 @@ def _found(loaded: Loaded, pid_ids: set[int], max_tensors: int
         if id(value) in seen:
             continue
         seen.add(id(value))
-        if t is dict or t is dict_type:
+        if t is CheckedDict or t is dict_type:
             items = [((*path, _segment(k)), v) for k, v in value.items()]
             built = attributes.get(id(value)) if t is dict_type else None
             if built is not None:   # BUILD set attributes: children after the items

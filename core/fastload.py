@@ -29,7 +29,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from core.pickletoken import Decline, StubUnpickler, Tokens, plain_build_state, tokenize
+from core.pickletoken import (
+    CheckedDict,
+    Decline,
+    StubUnpickler,
+    Tokens,
+    plain_build_state,
+    tokenize,
+)
 
 
 class StubGlobal(tuple[str, str]):
@@ -42,8 +49,9 @@ class StubGlobal(tuple[str, str]):
         return f"{self[0]}.{self[1]}"
 
 
-class StubDict(dict[Any, Any]):
-    """`OrderedDict()`: a dict. `dict.clear` as `__init__` takes no arguments, so
+class StubDict(CheckedDict):
+    """`OrderedDict()`: a dict (that refuses tuple keys, as every dict of this path does).
+    `dict.clear` as `__init__` takes no arguments, so
     `OrderedDict(pairs)` raises in C (the exact path models it) and `OrderedDict()` costs
     no Python frame. (`object.__init__` would not do: it accepts arguments silently when
     the class's `__new__` is not object's.) No `__dict__`: BUILD's attributes go to the
@@ -59,13 +67,6 @@ class StubDict(dict[Any, Any]):
         if not plain_build_state(state):
             raise Decline("BUILD on OrderedDict with a non-dict state or a dunder key")
         self.attributes.setdefault(id(self), (self, {}))[1].update(state)
-
-
-class CheckedList(list[Any]):
-    """A list that, like torch's unpickler, refuses SETITEM."""
-
-    def __setitem__(self, key: Any, value: Any) -> None:
-        raise Decline("SETITEM on a list")
 
 
 class RebuildCall(BaseException):
@@ -146,7 +147,6 @@ def load(data: bytes, allowed: Callable[[str], bool]) -> Loaded:
     dict_type = type("OrderedDict", (StubDict,), {"__slots__": (), "attributes": attributes,
                                                    "builds": builds})
     stubs[("collections", "OrderedDict")] = dict_type
-    stubs[("__ckptguard__", "list")] = CheckedList
 
     try:
         root = _StubUnpickler(data, toks, stubs, pids, builds).load_or_decline()

@@ -12,8 +12,8 @@ Most checkpoints are clean, so we first try to prove this one is:
    our own inert stub classes and `persistent_load` our `PersId` nodes. The stubs
    accept exactly the operations torch's restricted unpickler accepts on a clean
    state_dict (OrderedDict() + SETITEMS + BUILD, rebuild calls) and raise `Decline` for
-   anything else, including any list that receives SETITEM (EMPTY_LIST is rewritten
-   to build a `_CheckedList`).
+   anything else, including any list that receives SETITEM and any tuple dict key
+   (EMPTY_LIST and EMPTY_DICT are rewritten: `pickletoken.CheckedList`/`CheckedDict`).
 
 Any doubt raises `Decline` and the caller runs the exact interpreters instead. So this
 path can only be faster, never different: it answers "loadable" only for pickles the
@@ -33,18 +33,16 @@ from core.values import Call, Global, PersId
 
 __all__ = ["Decline", "FastResult", "Tokens", "check_rebuild", "fast_load", "tokenize"]
 
-class _CheckedList(list[Any]):
-    """A list that, like torch's unpickler, refuses SETITEM."""
-
-    def __setitem__(self, key: Any, value: Any) -> None:
-        raise Decline("SETITEM on a list")
-
-
 class _ODict(OrderedDict[Any, Any]):
     """`OrderedDict()` at C speed; BUILD updates `__dict__` with a dict, as torch does.
     Subclassed per load: `builds` is that load's count of judged BUILDs."""
 
     builds: list[None]
+
+    def __setitem__(self, key: Any, value: Any) -> None:   # see pickletoken.CheckedDict
+        if type(key) is tuple:
+            raise Decline("a tuple dict key")
+        OrderedDict.__setitem__(self, key, value)
 
     def __setstate__(self, state: Any) -> None:
         self.builds.append(None)
@@ -84,8 +82,6 @@ _REBUILDERS = frozenset(("torch._utils._rebuild_tensor_v2", "torch._utils._rebui
 def _make_stub(node: Global, calls: list[Call], builds: list[None],
                check_call: Callable[[str, tuple[Any, ...]], str | None] | None) -> Any:
     full = node.full
-    if full == "__ckptguard__.list":
-        return _CheckedList
     if full == "collections.OrderedDict":
         return type("OrderedDict", (_ODict,), {"builds": builds})
     if full not in _REBUILDERS:

@@ -6,6 +6,13 @@ pickle, `tokenize` walks every opcode with one compiled regex (only GLOBAL, PROT
 EMPTY_LIST, long strings and STOP reach Python) and declines unless every opcode is in
 torch's accepted set (FORMATS.md §3.4), every GLOBAL is allowlisted and every memo index
 is small. `Decline` means: use the exact interpreters instead.
+
+Two things the C unpickler does on its own are not torch's: SETITEM on a list, and
+hashing a dict key however it was built (a tuple that holds one memoized tuple twice,
+nested 30 deep, takes 2**30 steps to hash: a 300-byte pickle that never finishes). So
+EMPTY_LIST and EMPTY_DICT are rewritten to build our `CheckedList` / `CheckedDict`,
+which refuse SETITEM and tuple keys; such pickles go to the exact interpreters, which
+hash each tuple of a DAG once.
 """
 
 from __future__ import annotations
@@ -37,12 +44,12 @@ _MAX_MEMO_INDEX_FLOOR = 1 << 20
 # MARK stops the run, unless the batch follows a SETITEMS/APPENDS on the same object (what
 # pickle writes after an exact multiple of 1000 items), whose items the C unpickler could
 # only store into a dict/list.
-# BUILD, NEWOBJ, GLOBAL, PROTO, EMPTY_LIST, SHORT_BINSTRING, LONG1, longer strings and STOP
-# are handled in Python.
+# BUILD, NEWOBJ, GLOBAL, PROTO, EMPTY_LIST, EMPTY_DICT, SHORT_BINSTRING, LONG1, longer
+# strings and STOP are handled in Python.
 _SHORT_UNICODE = b"|".join(re.escape(bytes((n,))) + rb"\x00\x00\x00(?s:.){%d}" % n
                            for n in range(256))
 _ONE_OPCODE = (
-    rb"u(?:\(u)*|e(?:\(e)*|[Rast\x85\x86\x87)}\x8fN\x88\x89Q]|\((?![eu])|[Khq][\x00-\xff]"
+    rb"u(?:\(u)*|e(?:\(e)*|[Rast\x85\x86\x87)\x8fN\x88\x89Q]|\((?![eu])|[Khq][\x00-\xff]"
     rb"|M[\x00-\xff]{2}"
     rb"|X(?:" + _SHORT_UNICODE + rb")"
     rb"|[Jj][\x00-\xff]{4}|r[\x00-\xff]{2}[\x00-\x0f]\x00|G[\x00-\xff]{8}")
@@ -64,7 +71,8 @@ _RUN = re.compile(rb"(?:" + _TENSOR_ENTRY + rb"|" + _ONE_OPCODE + rb")*+")
 # the same walk that also lets NEWOBJ through (core.fastpath's stubs judge it)
 _RUN_NEWOBJ = re.compile(rb"(?:" + _TENSOR_ENTRY + rb"|\x81|" + _ONE_OPCODE + rb")*+")
 _U32 = struct.Struct("<I")
-LIST_REWRITE = b"c__ckptguard__\nlist\n)R"
+# EMPTY_LIST / EMPTY_DICT -> `CheckedList()` / `CheckedDict()` (StubUnpickler.find_class)
+_REWRITES = {0x5D: b"c__ckptguard__\nlist\n)R", 0x7D: b"c__ckptguard__\ndict\n)R"}
 
 
 def _engine_sound() -> bool:
@@ -92,7 +100,7 @@ class Tokens:
     protocol: int | None = None
     end: int = 0                       # relative position after STOP
     builds: int = 0                    # BUILD opcodes (each must reach a stub's __setstate__)
-    rewritten: bytes | None = None     # data[:end] with EMPTY_LIST rewritten, if any
+    rewritten: bytes | None = None     # data[:end] with EMPTY_LIST/EMPTY_DICT rewritten
 
 
 def tokenize(data: bytes, allowed: Callable[[str], bool], *, newobj: bool = False) -> Tokens:
@@ -141,9 +149,9 @@ def tokenize(data: bytes, allowed: Callable[[str], bool], *, newobj: bool = Fals
         elif op == 0x62:  # BUILD: counted, see StubUnpickler.load_or_decline
             toks.builds += 1
             pos += 1
-        elif op == 0x5D:  # EMPTY_LIST -> a list that refuses SETITEM (torch: dict types only)
+        elif op == 0x5D or op == 0x7D:  # EMPTY_LIST, EMPTY_DICT -> our checked stand-ins
             pieces.append(data[piece_start:pos])
-            pieces.append(LIST_REWRITE)
+            pieces.append(_REWRITES[op])
             pos += 1
             piece_start = pos
         elif op == 0x55 or op == 0x8A:  # SHORT_BINSTRING, LONG1
@@ -171,10 +179,37 @@ def tokenize(data: bytes, allowed: Callable[[str], bool], *, newobj: bool = Fals
     return toks
 
 
+class CheckedList(list[Any]):
+    """EMPTY_LIST: a list that, like torch's unpickler, refuses SETITEM."""
+
+    __slots__ = ()
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        raise Decline("SETITEM on a list")
+
+
+class CheckedDict(dict[Any, Any]):
+    """EMPTY_DICT: a dict that refuses tuple keys. Hashing a tuple visits every path
+    through it, so a tuple DAG built from the memo hashes in 2**depth steps, in C, with no
+    way to stop it; the exact interpreters hash each tuple of a DAG once. Other keys cost
+    one Python call each (the C unpickler calls `__setitem__` of a dict subclass)."""
+
+    __slots__ = ()
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        if type(key) is tuple:
+            raise Decline("a tuple dict key")
+        dict.__setitem__(self, key, value)
+
+
+# what StubUnpickler.find_class returns for the names of our own rewrites (_REWRITES)
+_REWRITTEN = {("__ckptguard__", "list"): CheckedList, ("__ckptguard__", "dict"): CheckedDict}
+
+
 def plain_build_state(state: Any) -> bool:
     """A BUILD state the fast paths may apply to an OrderedDict: a dict with no dunder key
     (`{'__setstate__': f}` plants f: core.threats judges that, on the exact path)."""
-    return type(state) is dict and not any(
+    return type(state) is CheckedDict and not any(
         type(k) is str and k.startswith("__") for k in state)
 
 
@@ -206,14 +241,13 @@ class StubUnpickler(pickle.Unpickler):
         raise NotImplementedError
 
     def find_class(self, module: str, name: str) -> Any:
-        if module == "__ckptguard__":   # our own EMPTY_LIST rewrite
-            mapped = (module, name)
-        else:
-            mapped = torch_map(module, name)
-            met = self.globals_met
-            if met >= len(self.walked) or self.walked[met] != mapped:
-                raise Decline(f"global {module}.{name} was not seen by the opcode walk")
-            self.globals_met = met + 1
+        if module == "__ckptguard__":   # our own rewrites (a pickle's own GLOBAL of this
+            return _REWRITTEN[module, name]   # name is not allowlisted: the walk declined it)
+        mapped = torch_map(module, name)
+        met = self.globals_met
+        if met >= len(self.walked) or self.walked[met] != mapped:
+            raise Decline(f"global {module}.{name} was not seen by the opcode walk")
+        self.globals_met = met + 1
         stub = self.stubs.get(mapped)
         if stub is None:
             stub = self.stubs[mapped] = self.make_stub(*mapped)

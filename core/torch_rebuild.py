@@ -782,24 +782,35 @@ def _callee_label(func: Global) -> str:
     return f"{func.name}()" if func.module == "builtins" else f"{func.full}()"
 
 
+# Hashing a tuple visits every path through it: a tuple DAG built through the memo (each
+# level holding the previous one twice) costs 2**depth. Past this many tuple visits torch
+# (and we, if we hashed it) would hang: ~50 M visits/s here.
+HASH_VISITS_MAX = 1 << 22
+
+HashMemo = dict[int, tuple[Any, int]]   # id(tuple) -> (the tuple, kept alive; its visits)
+
+
 def hash_error(v: Any, storage_of: StorageOf, depth: int = 0,
-               hashable: set[int] | None = None) -> str | None:
+               memo: HashMemo | None = None) -> str | None:
     """Python's "unhashable type: 'X'" message if `hash(v)` fails in torch, else None.
 
-    `hashable` holds the ids of tuples already found hashable: a tuple DAG built through the
-    memo (each level holding the previous one twice) has 2**depth paths, and is walked once."""
+    Walks each tuple of a DAG once; `memo` holds the tuples found hashable with the number
+    of tuples `hash()` visits for each (`hash_visits`)."""
     if depth > 100:
         raise unmodelled("hash of a deeply nested tuple")
     if isinstance(v, tuple):
-        if hashable is None:
-            hashable = set()
-        if id(v) in hashable:
+        if memo is None:
+            memo = {}
+        if id(v) in memo:
             return None
+        visits = 1
         for x in v:
-            err = hash_error(x, storage_of, depth + 1, hashable)
+            err = hash_error(x, storage_of, depth + 1, memo)
             if err is not None:
                 return err
-        hashable.add(id(v))
+            if isinstance(x, tuple):
+                visits = min(visits + memo[id(x)][1], HASH_VISITS_MAX + 1)
+        memo[id(v)] = (v, visits)
         return None
     if isinstance(v, (list, dict, set)):
         return f"unhashable type: '{type(v).__name__}'"

@@ -35,11 +35,13 @@ from core.limits import DEFAULT_LIMITS, Limits
 from core.names import torch_map
 from core.torch_rebuild import (
     CLASSES,
+    HASH_VISITS_MAX,
     QSCHEMES,
     REBUILDERS,
     STORAGE_GLOBALS,
     TENSOR_TYPE_GLOBALS,
     Fail,
+    HashMemo,
     StorageInfo,
     call_allowed,
     check_numpy_state,
@@ -212,6 +214,8 @@ class _Emulator:
         self.legacy = legacy
         self.storages: list[StorageUse] = []
         self.seen_keys: set[str] = set()
+        self.hash_memo: HashMemo = {}     # tuples found hashable, kept alive (ids stay unique)
+        self.hash_visits = 0              # tuple visits of every dict key hashed so far
         self.loaded: dict[Any, StorageInfo] = {}      # torch's loaded_storages / deserialized_objects
         self.info: dict[int, StorageInfo] = {}        # id(PersId) -> the storage it stands for
         self.keep: list[PersId] = []
@@ -529,11 +533,17 @@ class _Emulator:
 
     def setitem(self, target: Any, k: Any, v: Any) -> None:
         try:
-            err = hash_error(k, self.storage_of)
+            err = hash_error(k, self.storage_of, memo=self.hash_memo)
         except Fail as exc:
             raise self.fail(exc.type, exc.message) from None
         if err is not None:
             raise self.fail("TypeError", err)
+        if isinstance(k, tuple):
+            # inserting hashes k (and compares it with an equal key): never past the budget
+            self.hash_visits += 2 * self.hash_memo[id(k)][1]
+            if self.hash_visits > HASH_VISITS_MAX:
+                raise self.fail("Unmodelled", "not modelled: dict keys whose hashing visits more "
+                                f"than {HASH_VISITS_MAX} nested tuples (torch.load would hang)")
         if isinstance(target, dict):
             if isinstance(k, float) and k != k:
                 raise self.fail("Unmodelled", "not modelled: NaN dict key")

@@ -19,7 +19,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from core import fastlane, pickle_scan
+from core import fastlane, fastload, fastpath, pickle_scan
+from core.pickletoken import Decline
 from core.report import Report
 from core.scan import scan_path, scan_source
 from core.source import BytesSource
@@ -93,6 +94,66 @@ def test_a_tuple_dag_key_is_judged_in_linear_time() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=60, check=True, cwd=Path(__file__).resolve().parents[2])
     assert out.stdout.strip() == "None"
+
+
+def _dag_key(depth: int) -> bytes:
+    """t0 = (1,); t(k+1) = (tk, tk) through the memo: `depth` levels, 2**depth paths."""
+    out = b"K\x01\x85r\x00\x00\x01\x00"
+    for k in range(depth):
+        out += b"j" + struct.pack("<I", 0x10000 + k) + b"\x86r" + struct.pack("<I", 0x10001 + k)
+    return out
+
+
+# the same key as a dict key in each way torch's unpickler fills a dict
+_DAG_HOLDERS = {
+    "SETITEM on the root dict": lambda key: b"\x80\x02}" + key + b"K\x00s.",
+    "SETITEMS on the root dict": lambda key: b"\x80\x02}(" + key + b"K\x00u.",
+    "an OrderedDict": lambda key: (b"\x80\x02ccollections\nOrderedDict\n)R(X\x01\x00\x00\x00a"
+                                   b"K\x01" + key + b"K\x00u."),
+    "a nested dict": lambda key: b"\x80\x02}X\x01\x00\x00\x00a}" + key + b"K\x00ss.",
+    "a BUILD state": lambda key: (b"\x80\x02ccollections\nOrderedDict\n)R}" + key
+                                  + b"K\x00sb."),
+}
+
+
+@pytest.mark.parametrize("holder", sorted(_DAG_HOLDERS))
+def test_a_tuple_dag_dict_key_is_judged_without_hashing_it(holder: str, tmp_path: Path) -> None:
+    """A 60-level tuple DAG as a dict key: CPython's hash visits 2**60 tuples, in C, so
+    torch.load (and pickle.load) never return. Every path of the scanner must answer
+    without hashing it: the C-speed paths decline tuple keys, the exact interpreter counts
+    the visits first. In a subprocess, so a regression fails on the timeout."""
+    path = tmp_path / "dag.pkl"
+    path.write_bytes(_DAG_HOLDERS[holder](_dag_key(60)))
+    code = ("import sys\nfrom core.scan import scan_path\nr = scan_path(sys.argv[1])\n"
+            "print(r.verdict, r.weights_only.error)")
+    out = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True,
+                         timeout=60, check=True, cwd=Path(__file__).resolve().parents[2])
+    verdict, error = out.stdout.strip().split(" ", 1)
+    assert verdict == "suspicious", out.stdout
+    assert "torch.load would hang" in error
+
+
+@pytest.mark.parametrize("holder", sorted(_DAG_HOLDERS))
+def test_the_c_speed_paths_decline_tuple_dict_keys(holder: str) -> None:
+    """The C unpickler would hash the key before any check of ours could run."""
+    data = _DAG_HOLDERS[holder](_dag_key(2))
+    allowed = pickle_scan.allowed_checker(frozenset())
+    with pytest.raises(Decline, match="tuple dict key"):
+        fastload.load(data, allowed)
+    with pytest.raises(Decline, match="tuple dict key"):
+        fastpath.fast_load(data, allowed=allowed, check_pid=lambda pid: None)
+
+
+# (a BUILD state with a non-str key stays unmodelled: README, Limitations)
+@pytest.mark.parametrize("holder", sorted(set(_DAG_HOLDERS) - {"a BUILD state"}))
+def test_a_small_tuple_dag_key_loads_as_in_torch(holder: str) -> None:
+    """12 levels (4,096 paths) hash in microseconds: torch loads it and so do we."""
+    wou = pytest.importorskip("torch._weights_only_unpickler")
+    data = _DAG_HOLDERS[holder](_dag_key(12))
+    wou.Unpickler(io.BytesIO(data), encoding="utf-8").load()   # the oracle: raises if torch refuses
+    report = scan_source(BytesSource(data))
+    assert report.weights_only.loadable, report.weights_only.error
+    assert report.verdict == "safe"
 
 
 def test_the_safetensors_polyglot_is_a_real_safetensors_file() -> None:
