@@ -329,11 +329,14 @@ def _state_dicts(draw: st.DrawFn) -> bytes:
         ops, data = draw(_tensor_ops(str(i)))
         ops = _wrapped(draw, ops)
         name = f"w{i}" if draw(st.integers(0, 5)) else draw(st.sampled_from(["w0", "größe"]))
-        key = ("SHORT_BINSTRING", name.encode()) if draw(st.booleans()) else ("BINUNICODE", name)
+        key: list[object] = [("SHORT_BINSTRING", name.encode()) if draw(st.booleans())
+                             else ("BINUNICODE", name)]
+        if draw(st.integers(0, 9)) == 0:   # a tuple key: the C-speed paths leave it alone
+            key = [("BININT1", i), ("BINUNICODE", name), "TUPLE2"]
         if draw(st.integers(0, 4)) == 0:   # nested one level down
-            body += [key, "EMPTY_DICT", ("BINUNICODE", "inner"), *ops, "SETITEM"]
+            body += [*key, "EMPTY_DICT", ("BINUNICODE", "inner"), *ops, "SETITEM"]
         else:
-            body += [key, *ops]
+            body += [*key, *ops]
         records.append((str(i), data))
     body.append("SETITEMS")
     if ordered and draw(st.booleans()):
