@@ -30,11 +30,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from core.pickletoken import (
+    BuildLedger,
     CheckedDict,
     Decline,
     StubUnpickler,
     Tokens,
-    plain_build_state,
     tokenize,
 )
 
@@ -60,12 +60,10 @@ class StubDict(CheckedDict):
     __slots__ = ()
     __init__ = dict.clear  # type: ignore[assignment]
     attributes: dict[int, tuple[StubDict, dict[Any, Any]]]
-    builds: list[None]     # the loading StubUnpickler's count of judged BUILDs
+    builds: BuildLedger    # the loading StubUnpickler's judged BUILDs
 
     def __setstate__(self, state: Any) -> None:   # BUILD: torch updates __dict__
-        self.builds.append(None)
-        if not plain_build_state(state):
-            raise Decline("BUILD on OrderedDict with a non-dict state or a dunder key")
+        self.builds.judge(state)
         self.attributes.setdefault(id(self), (self, {}))[1].update(state)
 
 
@@ -116,7 +114,7 @@ class _StubUnpickler(StubUnpickler):
     reference cycle, or the whole value graph would wait for the cyclic GC to be freed."""
 
     def __init__(self, data: bytes, toks: Tokens, stubs: dict[tuple[str, str], Any],
-                 pids: list[Any], builds: list[None]) -> None:
+                 pids: list[Any], builds: BuildLedger) -> None:
         super().__init__(data, toks)
         self.stubs.update(stubs)
         self.pids = pids
@@ -143,7 +141,7 @@ def load(data: bytes, allowed: Callable[[str], bool]) -> Loaded:
         stubs[key] = stub
         kinds[stub] = base
     attributes: dict[int, tuple[StubDict, dict[Any, Any]]] = {}
-    builds: list[None] = []
+    builds = BuildLedger()
     dict_type = type("OrderedDict", (StubDict,), {"__slots__": (), "attributes": attributes,
                                                    "builds": builds})
     stubs[("collections", "OrderedDict")] = dict_type

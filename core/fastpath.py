@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from core.dtypes import FLOATING, ITEMSIZE
-from core.pickletoken import Decline, StubUnpickler, Tokens, plain_build_state, tokenize
+from core.pickletoken import BuildLedger, Decline, StubUnpickler, Tokens, tokenize
 from core.values import Call, Global, PersId
 
 __all__ = ["Decline", "FastResult", "Tokens", "check_rebuild", "fast_load", "tokenize"]
@@ -37,7 +37,7 @@ class _ODict(OrderedDict[Any, Any]):
     """`OrderedDict()` at C speed; BUILD updates `__dict__` with a dict, as torch does.
     Subclassed per load: `builds` is that load's count of judged BUILDs."""
 
-    builds: list[None]
+    builds: BuildLedger
 
     def __setitem__(self, key: Any, value: Any) -> None:   # see pickletoken.CheckedDict
         if type(key) is tuple:
@@ -45,9 +45,7 @@ class _ODict(OrderedDict[Any, Any]):
         OrderedDict.__setitem__(self, key, value)
 
     def __setstate__(self, state: Any) -> None:
-        self.builds.append(None)
-        if not plain_build_state(state):
-            raise Decline("BUILD on OrderedDict with a non-dict state or a dunder key")
+        self.builds.judge(state)
         self.__dict__.update(state)
 
 
@@ -73,13 +71,15 @@ def _as_value(x: Any) -> Any:
     return x.node if type(x) is StubMeta else x
 
 
+_INT64_SAFE = 1 << 62   # sizes, strides and offsets torch's argument parser surely takes
+
 # Only the rebuild calls a plain state_dict needs; the rest (quantized, sparse, meta,
 # subclasses...) take the exact path, which models their argument checks.
 _REBUILDERS = frozenset(("torch._utils._rebuild_tensor_v2", "torch._utils._rebuild_tensor_v3",
                          "torch._utils._rebuild_parameter"))
 
 
-def _make_stub(node: Global, calls: list[Call], builds: list[None],
+def _make_stub(node: Global, calls: list[Call], builds: BuildLedger,
                check_call: Callable[[str, tuple[Any, ...]], str | None] | None) -> Any:
     full = node.full
     if full == "collections.OrderedDict":
@@ -178,15 +178,17 @@ def check_rebuild(full: str, args: tuple[Any, ...],
         # _rebuild_tensor_v3 with requires_grad never loads (torch.empty(requires_grad=True)
         # then set_() on a leaf that requires grad: RuntimeError)
         raise Decline("requires_grad on a non-floating tensor, or in _rebuild_tensor_v3")
+    if offset >= _INT64_SAFE:
+        raise Decline("a storage offset near int64 overflow")
     extent = 1
-    for n, st in zip(size, stride, strict=True):
-        if type(n) is not int or type(st) is not int or n < 0 or st < 0:
-            raise Decline("negative or non-integer size/stride")
-        if n == 0:
-            extent = 0
-            break
+    empty = False
+    for n, st in zip(size, stride, strict=True):   # every dim, also after a zero one
+        if type(n) is not int or type(st) is not int or not (
+                0 <= n < _INT64_SAFE and 0 <= st < _INT64_SAFE):
+            raise Decline("negative, huge or non-integer size/stride (torch parses int64)")
+        empty = empty or n == 0
         extent += (n - 1) * st
-    if extent and (offset + extent) * itemsize > nbytes:
+    if not empty and (offset + extent) * itemsize > nbytes:
         raise Decline("tensor view past the end of its storage")
     return dtype
 

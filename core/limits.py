@@ -19,10 +19,17 @@ class Limits:
     max_zip_entries: int = 2_000_000             # real checkpoints have >10k entries
     max_central_dir_bytes: int = 512 * 1024 * 1024
     max_tensors: int = 5_000_000
+    max_manifest_dims: int = 32_000_000          # shape + stride values over all tensor entries
     max_bytes_read: int = 1024 * 1024 * 1024     # what a scan may read (not the file size)
     max_header_bytes: int = 100_000_000          # safetensors' own cap
     max_npy_header_bytes: int = 10_000           # numpy's default cap
+    max_npy_headers_total: int = 2 * 1024 * 1024  # all .npy headers of one .npz together
     max_trailing_pickles: int = 16
 
 
 DEFAULT_LIMITS = Limits()
+
+# Keys of all OrderedDict BUILD states of one pickle: torch updates `__dict__` with every
+# key of every BUILD, so one memoized 10k-key state applied by 100k BUILDs costs 1 G steps
+# (torch's and every walk of ours). Past it: not modelled, "would take minutes or hang".
+MAX_BUILD_STATE_KEYS = 1_000_000

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from core.limits import MAX_BUILD_STATE_KEYS
 from core.names import torch_map
 
 
@@ -206,11 +207,27 @@ class CheckedDict(dict[Any, Any]):
 _REWRITTEN = {("__ckptguard__", "list"): CheckedList, ("__ckptguard__", "dict"): CheckedDict}
 
 
-def plain_build_state(state: Any) -> bool:
-    """A BUILD state the fast paths may apply to an OrderedDict: a dict with no dunder key
-    (`{'__setstate__': f}` plants f: core.threats judges that, on the exact path)."""
-    return type(state) is CheckedDict and not any(
-        type(k) is str and k.startswith("__") for k in state)
+class BuildLedger:
+    """The BUILDs one load's stubs judged (`__setstate__` calls) and the keys checked."""
+
+    __slots__ = ("count", "keys")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.keys = 0
+
+    def judge(self, state: Any) -> None:
+        """Decline unless `state` is what the fast paths may apply to an OrderedDict: a dict
+        with no dunder key (`{'__setstate__': f}` plants f: core.threats judges that, on
+        the exact path)."""
+        self.count += 1
+        if type(state) is not CheckedDict:
+            raise Decline("BUILD on OrderedDict with a non-dict state")
+        self.keys += len(state)
+        if self.keys > MAX_BUILD_STATE_KEYS:
+            raise Decline("BUILD states with too many keys in all")
+        if any(type(k) is str and k.startswith("__") for k in state):
+            raise Decline("BUILD on OrderedDict with a dunder key")
 
 
 class StubUnpickler(pickle.Unpickler):
@@ -232,10 +249,10 @@ class StubUnpickler(pickle.Unpickler):
         self.walked = [(module, name) for module, name, _, _, _ in toks.globals]
         self.globals_met = 0
         self.builds_expected = toks.builds
-        # one entry per BUILD a stub's __setstate__ judged; the C unpickler runs BUILD on an
-        # object without __setstate__ itself (a None state does nothing at all, a slot state
-        # sets attributes), where torch refuses: such a BUILD must not pass unnoticed
-        self.builds: list[None] = []
+        # every BUILD a stub's __setstate__ judged; the C unpickler runs BUILD on an object
+        # without __setstate__ itself (a None state does nothing at all, a slot state sets
+        # attributes), where torch refuses: such a BUILD must not pass unnoticed
+        self.builds = BuildLedger()
 
     def make_stub(self, module: str, name: str) -> Any:
         raise NotImplementedError
@@ -266,6 +283,6 @@ class StubUnpickler(pickle.Unpickler):
         finally:
             if gc_was_enabled:
                 gc.enable()
-        if len(self.builds) != self.builds_expected:
+        if self.builds.count != self.builds_expected:
             raise Decline("a BUILD on an object whose __setstate__ is not ours")
         return root

@@ -174,7 +174,18 @@ def _ints(value: Any, what: str) -> list[int]:
     for v in value:
         if type(v) is not int:
             raise _Bad(f"{what} holds {type(v).__name__}, not int")
+        if not _INT64_MIN <= v <= _INT64_MAX:   # torch refuses it; JSON could not print it
+            raise _Bad(f"{what} holds an int outside int64")
     return list(value)
+
+
+def _int64(value: int, what: str) -> int:
+    if not _INT64_MIN <= value <= _INT64_MAX:
+        raise _Bad(f"{what} is an int outside int64")
+    return value
+
+
+_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
 
 
 def _dtype_of(value: Any) -> str:
@@ -289,8 +300,11 @@ class _Builder:
         elif (st[3] is not p[1] and st[3] != p[1]) or st[0].numel != p[4]:
             return False
         numel = span = 1
+        if offset > _INT64_MAX:
+            return False
         for size, st_ in zip(shape, stride):  # noqa: B905 (lengths checked above)
-            if type(size) is not int or type(st_) is not int or size < 0 or st_ < 0:
+            if type(size) is not int or type(st_) is not int or not (
+                    0 <= size <= _INT64_MAX and 0 <= st_ <= _INT64_MAX):
                 return False
             numel *= size
             span += (size - 1) * st_
@@ -403,6 +417,7 @@ class _Builder:
             offset = args[1]
             if type(offset) is not int:
                 raise _Bad(f"storage_offset is {type(offset).__name__}, not int")
+            _int64(offset, "storage_offset")
             shape = _ints(args[2], "size")
             stride = _ints(args[3], "stride")
             rg = _bool(rg, "requires_grad")
@@ -591,6 +606,7 @@ class _Builder:
                 storage, view_byte, view_limit = self.storage(state[0], call)
                 if type(state[1]) is not int:
                     raise _Bad("set_ storage_offset is not int")
+                _int64(state[1], "set_ storage_offset")
                 offset, shape, stride = state[1], _ints(state[2], "size"), _ints(state[3], "stride")
         return shape, stride, offset, storage, view_byte, view_limit
 

@@ -47,6 +47,8 @@ ThreatStatus = Literal["dangerous", "benign", "unknown"]
 _RANK = {"benign": 0, "unknown": 1, "dangerous": 2}
 _BLOCKED_MODULES = frozenset({"sys", "os", "posix", "nt"})   # torch blocks before the allowlist
 _MAX_CALL_FINDINGS = 64      # per assess: a hostile pickle may hold millions of calls
+# what a BUILD state may plant on an object (`__dict__` itself is what BUILD updates)
+_PLANTED_DUNDERS = tuple(sorted(DANGEROUS_DUNDERS - {"__dict__"}))
 _MAX_NOTES_PER_CODE = 32
 _MAX_GLOBAL_FINDINGS = 256   # per code and assess; every global still gets its `globals` entry
 _MAX_NESTED_DEPTH = 2
@@ -324,8 +326,10 @@ class _Assessor:
         dicts = [state] if type(state) is dict else [
             s for s in state[:2] if type(s) is dict] if type(state) is tuple else []
         for d in dicts:
-            for key in list(d)[:10_000]:
-                if type(key) is str and key in DANGEROUS_DUNDERS and key != "__dict__":
+            # look the few names up rather than walk the keys: one memoized state of 10k keys
+            # applied by 100k BUILDs must not cost 1 G steps
+            for key in _PLANTED_DUNDERS:
+                if key in d:
                     self.flag(f"state:{call.offset}:{key}", call, Severity.CRITICAL,
                               f"BUILD sets {key} on an object: a later BUILD or call runs "
                               f"{preview(d[key])}")

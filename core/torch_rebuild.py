@@ -239,6 +239,15 @@ def _arity(name: str, args: tuple[Any, ...], names: tuple[str, ...], optional: i
 
 def _set_args(offset: Any, size: Any, stride: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """`Tensor.set_`'s argument parsing: (size, stride); Unmodelled unless plain ints."""
+    # torch's argument parser unpacks stride before size (measured), then the offset
+    for what, values in (("stride", stride), ("size", size)):
+        if isinstance(values, (tuple, list)) and all(map(_is_int, values)):
+            for pos, v in enumerate(values, 1):
+                if not -(1 << 63) <= v < 1 << 63:
+                    raise Fail("TypeError", f"set_(): argument '{what}' failed to unpack the object "
+                               f'at pos {pos} with error "Overflow when unpacking long long')
+    if _is_int(offset) and not -(1 << 63) <= offset < 1 << 63:
+        raise Fail("ValueError", "Overflow when unpacking long long")
     shape, strides = _int_seq(size), _int_seq(stride)
     if not _is_int(offset) or shape is None or strides is None or abs(offset) >= _INT64_SAFE:
         raise unmodelled("set_() with a non-int offset or size/stride that is not a sequence of ints")
@@ -782,9 +791,11 @@ def _callee_label(func: Global) -> str:
     return f"{func.name}()" if func.module == "builtins" else f"{func.full}()"
 
 
-# Hashing a tuple visits every path through it: a tuple DAG built through the memo (each
-# level holding the previous one twice) costs 2**depth. Past this many tuple visits torch
-# (and we, if we hashed it) would hang: ~50 M visits/s here.
+# Hashing a tuple visits every element on every path through it, uncached: a tuple DAG
+# built through the memo (each level holding the previous one twice) costs 2**depth, and
+# one memoized 10k-element tuple used as a key 200k times costs 2 G. Past this many
+# element visits for one pickle, torch (and we, if we hashed it) would take seconds to
+# forever: ~100 M visits/s here.
 HASH_VISITS_MAX = 1 << 22
 
 HashMemo = dict[int, tuple[Any, int]]   # id(tuple) -> (the tuple, kept alive; its visits)
@@ -795,7 +806,7 @@ def hash_error(v: Any, storage_of: StorageOf, depth: int = 0,
     """Python's "unhashable type: 'X'" message if `hash(v)` fails in torch, else None.
 
     Walks each tuple of a DAG once; `memo` holds the tuples found hashable with the number
-    of tuples `hash()` visits for each (`hash_visits`)."""
+    of elements `hash()` visits for each."""
     if depth > 100:
         raise unmodelled("hash of a deeply nested tuple")
     if isinstance(v, tuple):
@@ -803,7 +814,7 @@ def hash_error(v: Any, storage_of: StorageOf, depth: int = 0,
             memo = {}
         if id(v) in memo:
             return None
-        visits = 1
+        visits = 1 + len(v)
         for x in v:
             err = hash_error(x, storage_of, depth + 1, memo)
             if err is not None:

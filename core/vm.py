@@ -33,6 +33,7 @@ import re
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from core.errors import CkptError, Code, FormatError, LimitExceeded
@@ -63,6 +64,9 @@ DOTTED_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*")
 # Dict keys / set members beyond these are not hashed (see hashable_key).
 _MAX_KEY_DEPTH = 200
 _MAX_KEY_NODES = 10_000
+# ... and for all keys of one pickle together: the same memoized 10k-node tuple used as a
+# key 200k times would cost 2 G steps, in our walk and again in CPython's hash
+_MAX_KEY_NODES_TOTAL = 2_000_000
 _MAX_KEY_INT_BITS = 65_536
 # Notes past this many are counted, not kept (a pickle of EXT1 opcodes would make millions).
 MAX_NOTES = 10_000
@@ -138,12 +142,13 @@ def describe(value: Any) -> str:
     return f"<{t.__name__}>"
 
 
-def hashable_key(value: Any) -> Any:
+def hashable_key(value: Any, budget: list[int] | None = None) -> Any:
     """`value` if it can be a dict key / set member cheaply, else `Unhashable(value)`.
 
     CPython hashes tuples recursively and uncached (a 1M-deep tuple crashes it; a tuple
     DAG built with DUP TUPLE2 takes 2**depth steps) and big ints in linear time, again on
-    every insertion: such keys are wrapped instead of hashed.
+    every insertion: such keys are wrapped instead of hashed. `budget` ([tuple nodes
+    left]) is shared by every key of one pickle; a tuple key past it is wrapped too.
     """
     t = type(value)
     if t is str or t is bytes or t is float or value is None or t is bool:
@@ -155,11 +160,12 @@ def hashable_key(value: Any) -> Any:
     if t is not tuple:
         return value        # Global hashes two strs; other nodes by id; frozenset caches its hash
     todo: list[tuple[tuple[Any, ...], int]] = [(value, 1)]
-    budget = _MAX_KEY_NODES
+    left = _MAX_KEY_NODES if budget is None else min(_MAX_KEY_NODES, budget[0])
+    nodes = 0
     while todo:
         tup, depth = todo.pop()
-        budget -= len(tup) + 1
-        if depth > _MAX_KEY_DEPTH or budget < 0:
+        nodes += len(tup) + 1
+        if depth > _MAX_KEY_DEPTH or nodes > left:
             return Unhashable(value)
         for item in tup:
             it = type(item)
@@ -168,6 +174,8 @@ def hashable_key(value: Any) -> Any:
             elif it is list or it is dict or it is set or it is bytearray or (
                     it is int and item.bit_length() > _MAX_KEY_INT_BITS):
                 return Unhashable(value)
+    if budget is not None:
+        budget[0] -= nodes
     return value
 
 
@@ -303,7 +311,7 @@ class _Machine:
         max_items = lim.max_container_items
         max_depth = lim.max_depth
         max_memo = lim.max_memo_entries
-        key = hashable_key
+        key = partial(hashable_key, budget=[_MAX_KEY_NODES_TOTAL])
 
         def check_len(pos: int, hdr: int, size: int, what: str) -> None:
             # Hard rule 2: bound a declared length against the cap and the data before slicing.

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from core.dtypes import ITEMSIZE, STORAGE_DTYPE, TORCH_DTYPE_GLOBALS
-from core.limits import DEFAULT_LIMITS, Limits
+from core.limits import DEFAULT_LIMITS, MAX_BUILD_STATE_KEYS, Limits
 from core.names import torch_map
 from core.torch_rebuild import (
     CLASSES,
@@ -216,6 +216,7 @@ class _Emulator:
         self.seen_keys: set[str] = set()
         self.hash_memo: HashMemo = {}     # tuples found hashable, kept alive (ids stay unique)
         self.hash_visits = 0              # tuple visits of every dict key hashed so far
+        self.build_keys = 0               # keys of every OrderedDict BUILD state so far
         self.loaded: dict[Any, StorageInfo] = {}      # torch's loaded_storages / deserialized_objects
         self.info: dict[int, StorageInfo] = {}        # id(PersId) -> the storage it stands for
         self.keep: list[PersId] = []
@@ -503,8 +504,16 @@ class _Emulator:
     def op_build(self, inst: Any, state: Any) -> None:
         t = self.tname(inst)
         if isinstance(inst, Call) and t in ("collections.OrderedDict",):
-            if not isinstance(state, dict) or not all(isinstance(k, str) for k in state):
+            if not isinstance(state, dict):
                 raise self.fail("Unmodelled", "not modelled: OrderedDict BUILD with a non-dict state")
+            self.build_keys += len(state)
+            if self.build_keys > MAX_BUILD_STATE_KEYS:
+                raise self.fail("Unmodelled", "not modelled: BUILD states of more than "
+                                f"{MAX_BUILD_STATE_KEYS} keys in all (torch.load would take "
+                                "minutes or hang)")
+            if not all(isinstance(k, str) for k in state):
+                raise self.fail("Unmodelled", "not modelled: OrderedDict BUILD state with a key "
+                                "that is not a string")
             inst.state.append(state)
             return
         if isinstance(inst, Call) and inst.attrs.get("build") and t in self.allowed:
@@ -543,7 +552,8 @@ class _Emulator:
             self.hash_visits += 2 * self.hash_memo[id(k)][1]
             if self.hash_visits > HASH_VISITS_MAX:
                 raise self.fail("Unmodelled", "not modelled: dict keys whose hashing visits more "
-                                f"than {HASH_VISITS_MAX} nested tuples (torch.load would hang)")
+                                f"than {HASH_VISITS_MAX} tuple elements (torch.load would take "
+                                "minutes or hang)")
         if isinstance(target, dict):
             if isinstance(k, float) and k != k:
                 raise self.fail("Unmodelled", "not modelled: NaN dict key")
