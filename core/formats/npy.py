@@ -9,7 +9,11 @@ description, it never evaluates or imports). Plain arrays become a manifest entr
 absolute offsets; object arrays (`dtype.hasobject`) carry a pickle that np.load refuses
 without allow_pickle: it goes through core.pickle_scan, never Python's pickle.
 `.npz` members are scanned one by one: stored members in place (two small reads), deflated
-ones inflated under the byte cap (no absolute offsets then).
+ones inflated under the byte cap (no absolute offsets then); their header bytes together are
+capped (`max_npy_headers_total`), so many wide headers cannot add up to a long scan.
+A header numpy reads may still describe an array np.load cannot build (a dimension beyond
+int64, more than 64 dimensions, more bytes than intp counts): `_numpy_refusal` applies
+numpy's own checks, so such shapes and their huge strides never reach the manifest.
 """
 
 from __future__ import annotations
@@ -33,6 +37,8 @@ MAGIC = b"\x93NUMPY"
 HEAD_READ = 4096                    # one read covers numpy's usual 128-byte headers
 EXPECTED_KEYS = frozenset({"descr", "fortran_order", "shape"})
 OBJECT_ERROR = "Object arrays cannot be loaded when allow_pickle=False"
+NPY_MAXDIMS = 64                    # numpy 2.x: more dimensions is a ValueError
+INTP_MAX = 2**63 - 1                # numpy's intp on 64-bit builds
 
 # numpy dtype.str of native little-endian kinds -> torch dtype names (DESIGN.md: torch names)
 _TORCH_NAMES = {
@@ -102,17 +108,29 @@ def analyze_zip(source: ByteSource, directory: ZipDirectory, an: Analysis) -> No
     for exc in errors:
         an.add_error(exc)
     loadable = True
-    for name, entry in directory.by_name.items():
+    headers_left = limits.max_npy_headers_total
+    for i, (name, entry) in enumerate(directory.by_name.items()):
         key = name[:-4] if name.endswith(".npy") else name   # np.load's key for the member
         local = locals_.get(entry.index)
         try:
             member, base = _member_source(source, directory, entry, local, limits.max_bytes_read)
-            if member.size < len(MAGIC) or member.read_at(0, len(MAGIC)) != MAGIC:
+            head = member.read_at(0, min(member.size, 12))
+            if head[:len(MAGIC)] != MAGIC:
                 # np.load hands such members back as raw bytes: not an array
                 an.add(Code.NPY_BAD_HEADER, f"npz member {name} is not a .npy array", record=name,
                        offset=base)
                 loadable = False
                 continue
+            # each header is capped, but thousands of them still cost seconds and gigabytes:
+            # charge what this one declares before parsing it, stop (fail closed) when spent
+            headers_left -= min(_declared_header_len(head), member.size)
+            if headers_left < 0:
+                an.add(Code.LIMIT_HEADER, f"the .npy headers of this .npz exceed "
+                       f"{limits.max_npy_headers_total} bytes together: {name} and the "
+                       f"{len(directory.by_name) - i - 1} members after it are not scanned",
+                       record=name, offset=base)
+                loadable = False
+                break
             loadable &= analyze_array(member, an, name=key, record=name, base=base)
         except SourceError:
             raise
@@ -132,6 +150,15 @@ def _member_source(source: ByteSource, directory: ZipDirectory, entry: ZipEntry,
             local.data_offset
     data = read_record(source, directory, entry.name, max_nbytes=max_nbytes)
     return BytesSource(data, name=entry.name), None
+
+
+def _declared_header_len(head: bytes) -> int:
+    """The header length a .npy's first 12 bytes declare (0 where read_npy_header stops first)."""
+    if len(head) < 10 or head[6:8] not in (b"\x01\x00", b"\x02\x00", b"\x03\x00"):
+        return 0
+    if head[6] == 1:
+        return int(struct.unpack_from("<H", head, 8)[0])
+    return int(struct.unpack_from("<I", head, 8)[0]) if len(head) >= 12 else 0
 
 
 def _set_weights_only(an: Analysis, loadable: bool) -> None:
@@ -160,11 +187,21 @@ def analyze_array(source: ByteSource, an: Analysis, *, name: str, record: str | 
         an.add(exc.code, exc.message, record=record, offset=abs_(exc.offset or 0))
         return False
     size = source.size
+    # np.load's first use of the shape, before the dtype check: multiply.reduce(shape,
+    # dtype=int64) converts every dimension (the message never shows them: 4000-digit ints)
+    if any(not -2**63 <= d <= 2**64 - 1 for d in header.shape):
+        an.add(Code.NPY_BAD_HEADER, f"{name}: a dimension of the shape does not fit int64: "
+               "Python int too large to convert to C long", record=record, offset=abs_(0))
+        return False
     if header.dtype.hasobject:
         an.add(Code.NPY_OBJECT_ARRAY, f"{name}: object array ({header.dtype.str}): its data is a "
                "pickle; np.load refuses it without allow_pickle", record=record,
                offset=abs_(header.data_pos))
         _scan_object_pickle(source, an, header, record=record, base=base)
+        return False
+    refusal = _numpy_refusal(header.shape, header.dtype.itemsize)
+    if refusal is not None:
+        an.add(Code.NPY_BAD_HEADER, f"{name}: {refusal}", record=record, offset=abs_(0))
         return False
     if any(d < 0 for d in header.shape):
         an.add(Code.NPY_BAD_SHAPE, f"{name}: negative dimension in shape {header.shape}",
@@ -188,6 +225,30 @@ def analyze_array(source: ByteSource, an: Analysis, *, name: str, record: str | 
         storage_offset=0, storage=None, kind="array", requires_grad=False,
         data_offset=abs_(header.data_pos), nbytes=nbytes, record=record))
     return True
+
+
+def _numpy_refusal(shape: tuple[int, ...], itemsize: int) -> str | None:
+    """numpy's words when it cannot build an array of `shape` (np.load's reshape), else None.
+
+    Checked in numpy's order: the dimension count, each dimension as an intp, then the byte
+    size (zero dimensions skipped, as numpy does). Negative dimensions are left to the caller.
+    An itemsize of 0 counts as 1: numpy would build (0, 2**62, 2**62) of `V0`, but its element
+    strides exceed int64 and the manifest could not hold them; we refuse it (fail closed).
+    Afterwards every element stride and the byte count fit int64.
+    """
+    if len(shape) > NPY_MAXDIMS:
+        return (f"maximum supported dimension for an ndarray is currently {NPY_MAXDIMS}, "
+                f"found {len(shape)}")
+    if any(d > INTP_MAX for d in shape):
+        return "Maximum allowed dimension exceeded"
+    nbytes = max(itemsize, 1)
+    for d in shape:
+        if d > 0:
+            nbytes *= d
+            if nbytes > INTP_MAX:
+                return ("array is too big; `arr.size * arr.dtype.itemsize` is larger than the "
+                        "maximum possible size.")
+    return None
 
 
 def torch_dtype_name(dtype: np.dtype[Any]) -> str:

@@ -9,6 +9,10 @@ integers only as u64, duplicate struct fields), the struct shapes serde accepts
 offsets sorted by (begin, end) that tile the buffer, sizes from shape x bits.
 Unlike the library we do not stop at the first violation: each one is a finding.
 Acceptance (no finding with effect `invalid`) equals the library's.
+Manifest ints stay small whatever the header says: a tensor whose byte size overflows or
+whose offsets pass int64 (both already findings) gets no entry, and strides stop growing
+at int64 (a zero-element shape such as [0, 2**64-1, 2**64-1] is valid to the library; its
+row-major strides would otherwise reach 64*D bits). Shape values are the library's u64s.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ MAX_HEADER_SIZE = 100_000_000          # safetensors: MAX_HEADER_SIZE
 SPECULATIVE_READ = 64 * 1024           # one read covers most headers
 SERDE_MAX_DEPTH = 127                  # serde_json recursion limit: 128 nested levels fail
 U64_MAX = 2**64 - 1
+INT64_MAX = 2**63 - 1                  # every int of the manifest fits torch's int64
 MAX_FINDINGS = 64                      # per-file cap on repeated offset/size findings
 METADATA_KEY = "__metadata__"
 _FIELDS = ("dtype", "shape", "data_offsets")
@@ -87,9 +92,11 @@ def analyze(source: ByteSource, an: Analysis) -> None:
                "the library keeps the last one, other readers may keep the first", offset=8)
     base = 8 + header.header_len
     for t in header.tensors:
-        torch_dtype = SAFETENSORS_DTYPE[t.dtype][0]
+        # no entry without a byte size or with offsets past int64: validate() said why
+        if _numel(t.shape) is None or base + max(t.begin, t.end) > INT64_MAX:
+            continue
         an.tensors.append(TensorEntry(
-            name=t.name, path=[t.name], dtype=torch_dtype, shape=list(t.shape),
+            name=t.name, path=[t.name], dtype=SAFETENSORS_DTYPE[t.dtype][0], shape=list(t.shape),
             stride=contiguous_strides(t.shape), storage_offset=0, storage=None, kind="tensor",
             requires_grad=False, data_offset=base + t.begin, nbytes=max(0, t.end - t.begin)))
     an.extra["safetensors"] = {
@@ -107,13 +114,38 @@ def analyze(source: ByteSource, an: Analysis) -> None:
 
 
 def contiguous_strides(shape: list[int]) -> list[int]:
-    """Row-major element strides of `shape`."""
+    """Row-major element strides of `shape`; a stride past int64 is listed as 0.
+
+    Only a zero-element tensor gets there (a valid tensor with elements has numel within
+    the file size): its strides address no byte. torch's reshape computes them in wrapping
+    int64 ([0, 2**40, 2**40, 2**40] -> (0, 0, 2**40, 1), as here). Saturating keeps every
+    product below 2**128, so a 30,000-dim shape costs linear time, not 64*D-bit ints.
+    """
     strides = [1] * len(shape)
     acc = 1
     for i in range(len(shape) - 1, -1, -1):
         strides[i] = acc
         acc *= max(shape[i], 1)
+        if acc > INT64_MAX:
+            acc = 0
     return strides
+
+
+def _numel(shape: list[int]) -> int | None:
+    """The element count as the library computes it (checked u64 products, in order)."""
+    numel = 1
+    for dim in shape:
+        numel *= dim
+        if numel > U64_MAX:
+            return None
+    return numel
+
+
+def _shape_text(shape: list[int]) -> str:
+    """A shape for a message: a 30,000-dim shape would make a 600 kB finding."""
+    if len(shape) <= 8:
+        return str(shape)
+    return f"[{', '.join(map(str, shape[:8]))}, ...] ({len(shape)} dims)"
 
 
 def read_header(source: ByteSource) -> StHeader:
@@ -184,32 +216,29 @@ def validate(header: StHeader, file_size: int) -> list[FormatError]:
     base = 8 + header.header_len
     start = 0
     for t in header.tensors:
+        at = min(base + t.begin, file_size)   # a finding's offset is a byte of the file
         if t.begin != start or t.end < t.begin:
             problems.append(FormatError(
                 Code.ST_BAD_OFFSETS, f"invalid offset for tensor `{t.name}`: "
-                f"[{t.begin}, {t.end}) where {start} was expected", offset=base + min(t.begin, U64_MAX)))
+                f"[{t.begin}, {t.end}) where {start} was expected", offset=at))
         start = t.end
-        numel = 1
-        for dim in t.shape:
-            numel *= dim
-            if numel > U64_MAX:
-                break
-        bits = numel * SAFETENSORS_DTYPE[t.dtype][1]
-        if numel > U64_MAX or bits > U64_MAX:
+        numel = _numel(t.shape)
+        if numel is None or numel * SAFETENSORS_DTYPE[t.dtype][1] > U64_MAX:
             problems.append(FormatError(
                 Code.ST_SIZE_MISMATCH, f"overflow computing buffer size of `{t.name}` "
-                f"from shape {t.shape} and {t.dtype}", offset=base + min(t.begin, U64_MAX)))
+                f"from shape {_shape_text(t.shape)} and {t.dtype}", offset=at))
             continue
+        bits = numel * SAFETENSORS_DTYPE[t.dtype][1]
         if bits % 8:
             problems.append(FormatError(
                 Code.ST_SIZE_MISMATCH, f"`{t.name}`: {numel} x {t.dtype} does not end on a byte "
-                "boundary", offset=base + t.begin))
+                "boundary", offset=at))
             continue
         if t.end >= t.begin and t.end - t.begin != bits // 8:
             problems.append(FormatError(
                 Code.ST_SIZE_MISMATCH, f"invalid shape, data type, or offset for tensor `{t.name}`: "
-                f"{t.shape} x {t.dtype} is {bits // 8} bytes, offsets span {t.end - t.begin}",
-                offset=base + t.begin))
+                f"{_shape_text(t.shape)} x {t.dtype} is {bits // 8} bytes, offsets span "
+                f"{t.end - t.begin}", offset=at))
     if base + start != file_size:
         problems.append(FormatError(
             Code.ST_NOT_COVERED, f"incomplete metadata, file not fully covered: tensors end at "
