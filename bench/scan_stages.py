@@ -53,7 +53,7 @@ def lane_stages(path: Path, repeat: int) -> None:
     storages = timed("storage columns + chain", lambda: _storages(loaded, arc), repeat)
     views = timed("view columns", lambda: fastlane._Views(loaded, storages), repeat)
     found = timed("names + TensorEntry rows", lambda: fastlane._walk(
-        loaded, views, storages, "x", limits.max_tensors), repeat)
+        loaded, views, storages, "x", limits), repeat)
     timed("StorageEntry rows", lambda: storages.entries(found[1], arc), repeat)
 
 

@@ -54,6 +54,7 @@ from core.formats.torch_zip import (
     storage_alignment,
     version_error,
 )
+from core.limits import Limits
 from core.offsets import DESCRIPTOR_SIZE32, FB_HEADER_SIZE, LOCAL_HEADER_SIZE
 from core.pickle_scan import allowed_checker, global_uses, set_weights_only
 from core.pickletoken import CheckedDict, CheckedList, Decline, Tokens
@@ -147,7 +148,7 @@ def _judge(source: ByteSource, an: Analysis) -> _Result:
         raise Decline("a record the pickle does not reference")
     storages.verify_chain(arc, prefix, alignment)
     views = _Views(loaded, storages)
-    tensors, used = _walk(loaded, views, storages, arc.names[pkl_row], limits.max_tensors)
+    tensors, used = _walk(loaded, views, storages, arc.names[pkl_row], limits)
     entries = storages.entries(used, arc)
     return _Result(arc.names[pkl_row], loaded.tokens, base, tensors, entries, len(arc.names))
 
@@ -450,14 +451,15 @@ def _segment(key: Any) -> str | int:
 
 
 def _walk(loaded: Loaded, views: _Views, storages: _Storages, record: str,
-          max_tensors: int) -> tuple[list[TensorEntry], list[int]]:
+          limits: Limits) -> tuple[list[TensorEntry], list[int]]:
     """Tensors in document order, named as core.tensors names them; storages as met."""
+    max_tensors = limits.max_tensors
     flat = _flat_state_dict(loaded)
     if flat is not None:
         names, values = flat
         paths: list[Any] = [[k] for k in names]
     else:
-        paths, values = _found(loaded, storages.pid_ids, max_tensors)
+        paths, values = _found(loaded, storages.pid_ids, max_tensors, limits.max_depth)
         names = [p[0] if len(p) == 1 and type(p[0]) is str else ".".join(map(str, p))
                  for p in paths]
         paths = list(map(list, paths))
@@ -516,7 +518,7 @@ def _flat_state_dict(loaded: Loaded) -> tuple[list[str], list[Any]] | None:
     return keys, values
 
 
-def _found(loaded: Loaded, pid_ids: set[int], max_tensors: int
+def _found(loaded: Loaded, pid_ids: set[int], max_tensors: int, max_depth: int
            ) -> tuple[list[tuple[Any, ...]], list[Any]]:
     """(path, tensor) pairs of the general walk, in document order (core.tensors' rules)."""
     kinds, dict_type, attributes = loaded.kinds, loaded.dict_type, loaded.attributes
@@ -527,6 +529,8 @@ def _found(loaded: Loaded, pid_ids: set[int], max_tensors: int
     pop = stack.pop
     while stack:
         path, value = pop()
+        if len(path) > max_depth:   # paths are copied per level: the general path reports it
+            raise Decline("values nested past the depth limit")
         t = type(value)
         if t in _SCALARS:
             continue

@@ -19,7 +19,7 @@ class Limits:
     max_zip_entries: int = 2_000_000             # real checkpoints have >10k entries
     max_central_dir_bytes: int = 512 * 1024 * 1024
     max_tensors: int = 5_000_000
-    max_manifest_dims: int = 32_000_000          # shape + stride values over all tensor entries
+    max_manifest_dims: int = 16_000_000          # shape, stride and path items over all tensors
     max_bytes_read: int = 1024 * 1024 * 1024     # what a scan may read (not the file size)
     max_header_bytes: int = 100_000_000          # safetensors' own cap
     max_npy_header_bytes: int = 10_000           # numpy's default cap

@@ -227,15 +227,36 @@ class _Builder:
         self.stypes: dict[tuple[str, str], tuple[str, int]] = {}
         self.max_tensors = an.options.limits.max_tensors
         self.count = 0
+        # one tensor met at 250k paths with 1,000 dims is 500 M list items from a 500 KB
+        # file: the entries' shape, stride and path items are bounded in all
+        self.max_items = an.options.limits.max_manifest_dims
+        self.items_left = self.max_items
         self.append = an.tensors.append
+
+    def charge(self, items: int) -> None:
+        """Count one more entry holding `items` shape/stride/path items; fail closed past
+        the caps."""
+        self.count += 1
+        self.items_left -= items
+        if self.count > self.max_tensors:
+            raise LimitExceeded(Code.LIMIT_TENSORS, f"more than {self.max_tensors} tensors",
+                                record=self.record)
+        if self.items_left < 0:
+            raise LimitExceeded(Code.LIMIT_TENSORS, f"tensor entries holding more than "
+                                f"{self.max_items} shape, stride and path items in all",
+                                record=self.record)
 
     # --- the walk --------------------------------------------------------------------
     def run(self, root: Any) -> None:
         stack: list[tuple[_Path, Any]] = [((), root)]
         seen: set[int] = set()
         pop, push, extend = stack.pop, stack.append, stack.extend
+        max_depth = self.an.options.limits.max_depth
         while stack:
             path, value = pop()
+            if len(path) > max_depth:   # each level copies its path: deeper would be quadratic
+                raise LimitExceeded(Code.LIMIT_DEPTH, f"values nested more than {max_depth} deep",
+                                    record=self.record)
             t = type(value)
             if t is Call:
                 fn = value.func
@@ -316,10 +337,7 @@ class _Builder:
         start = offset * itemsize
         if numel and start + nbytes > limit:
             return False
-        self.count += 1
-        if self.count > self.max_tensors:
-            raise LimitExceeded(Code.LIMIT_TENSORS, f"more than {self.max_tensors} tensors",
-                                record=self.record)
+        self.charge(len(path) + 2 * len(shape))
         base = entry.data_offset
         name = path[0] if len(path) == 1 and type(path[0]) is str else ".".join(map(str, path))
         self.append(TensorEntry(
@@ -466,10 +484,7 @@ class _Builder:
     def emit(self, path: _Path, node: Call, kind: str, dtype: str, shape: list[int],
              stride: list[int], offset: int, storage: _Storage | None, view_byte: int,
              view_limit: int, rg: bool, flags: list[str] | None = None) -> None:
-        self.count += 1
-        if self.count > self.max_tensors:
-            raise LimitExceeded(Code.LIMIT_TENSORS, f"more than {self.max_tensors} tensors",
-                                record=self.record)
+        self.charge(len(path) + len(shape) + len(stride))
         name = ".".join(map(str, path))
         itemsize = ITEMSIZE[dtype]
         if len(shape) != len(stride) and kind != "sparse" and kind != "nested":
@@ -730,6 +745,9 @@ def _seed_free(value: Any) -> bool:
     return True
 
 
+_MAX_SET_MEMBERS = 256   # a key text is cut at 1,000 characters: more members never show
+
+
 class _KeyText:
     """Appends the text of a value to `parts` until `left` characters are spent (then < 0)."""
 
@@ -814,7 +832,12 @@ class _KeyText:
         return out
 
     def set(self, members: Any, frozen: bool, depth: int) -> None:
-        members = list(members)
+        # the same object twice is one member (a set of one memoized tuple listed 50k times
+        # cost 26 s); past _MAX_SET_MEMBERS the text is cut anyway: count them instead
+        members = list({id(m): m for m in members}.values())
+        if len(members) > _MAX_SET_MEMBERS:
+            self.put(f"{'frozenset' if frozen else 'set'}(<{len(members)} members>)")
+            return
         left = self.left
         if all(map(_seed_free, members)):
             texts = [self.text(m, depth) for m in frozenset(members)]

@@ -146,6 +146,14 @@ def test_sets() -> None:
     assert segment((call(Global("builtins", "set"), [1]),)) == "({1},)"
 
 
+@pytest.mark.timeout(20)   # the same tuple 50k times took 26 s when walked per member
+def test_set_members_are_one_per_object_and_many_are_counted() -> None:
+    big = tuple(range(9_000))
+    assert segment(call(FROZENSET, [big] * 50_000)) == repr(frozenset([big]))[:1_000] + "..."
+    assert segment(call(FROZENSET, list(range(300)))) == "frozenset(<300 members>)"
+    assert segment(call(FROZENSET, list(range(256)))) == repr(frozenset(range(256)))[:1_000] + "..."
+
+
 _plain = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=5)
     | st.binary(max_size=5),

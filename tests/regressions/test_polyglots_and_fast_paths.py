@@ -214,6 +214,33 @@ def test_one_state_applied_by_100k_builds_is_judged_quickly(key: bytes, tmp_path
     assert "not a string" in error if key == b"M%sN" else "would take minutes or hang" in error
 
 
+def test_lists_nested_400k_deep_stop_at_the_depth_limit(tmp_path: Path) -> None:
+    """No MARK, so the interpreters' MARK depth never triggers; the manifest walk copied
+    each level's path (quadratic: 100 s). Fail closed past `max_depth` (torch loads it)."""
+    depth = 400_000
+    path = tmp_path / "deep.pt"
+    path.write_bytes(torch_layout("deep", b"\x80\x02" + b"]" * depth + b"a" * (depth - 1) + b"."))
+    verdict, _ = _scan_in_subprocess(path)
+    assert verdict == "invalid"
+    assert "LIMIT_DEPTH" in {f.code for f in scan_path(path).findings}
+
+
+def test_one_tensor_met_at_many_paths_is_bounded(tmp_path: Path) -> None:
+    """One memoized 1,000-dim rebuild call listed 20k times: 40 M shape/stride items from a
+    60 KB file (4 GB at 250k). The manifest's items are capped in all: LIMIT_TENSORS."""
+    dims = 1_000
+    pkl = (b"\x80\x02]q\x00(ctorch._utils\n_rebuild_tensor_v2\n"
+           b"((X\x07\x00\x00\x00storagectorch\nFloatStorage\nX\x01\x00\x00\x000"
+           b"X\x03\x00\x00\x00cpuK\x01tQK\x00(" + b"K\x01" * dims + b"t(" + b"K\x00" * dims
+           + b"t\x89ccollections\nOrderedDict\n)RtRq\x02" + b"h\x02" * 19_999 + b"e.")
+    path = tmp_path / "many.pt"
+    path.write_bytes(torch_layout("many", pkl, [("0", b"\0" * 4)]))
+    report = scan_path(path)
+    assert report.verdict == "invalid"
+    assert any(f.code == "LIMIT_TENSORS" and "items" in f.message for f in report.findings)
+    assert sum(len(t.shape) + len(t.stride) for t in report.tensors) <= 16_000_000
+
+
 # (a BUILD state with a non-str key stays unmodelled: README, Limitations)
 @pytest.mark.parametrize("holder", sorted(set(_DAG_HOLDERS) - {"a BUILD state"}))
 def test_a_small_tuple_dag_key_loads_as_in_torch(holder: str) -> None:

@@ -35,6 +35,34 @@ def test_json_report(ckpt: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert report["verdict"] == "safe" and [t["name"] for t in report["tensors"]] == ["w", "b"]
 
 
+def test_json_report_is_the_report_one_item_per_line(ckpt: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    from core.scan import scan_path
+
+    assert main(["scan", str(ckpt), "--json"]) == 0
+    text = capsys.readouterr().out
+    expected = scan_path(ckpt).to_json()
+    got = json.loads(text)
+    got["timings_ms"] = expected["timings_ms"]
+    assert got == expected
+    lines = text.splitlines()
+    assert len(lines) == 2 + len(expected) + sum(  # "{", "}", a field each, list items
+        len(v) + 1 for v in expected.values() if isinstance(v, list) and v)
+    assert any(line.startswith('    {"name": "w"') for line in lines)
+
+
+def test_json_to_a_reader_that_leaves_is_not_an_error(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    ckpt = tmp_path / "many.pt"   # ~700 KB of JSON: more than a pipe holds
+    torch.save({f"layer{i}.weight": torch.zeros(2) for i in range(3000)}, ckpt)
+    out = subprocess.run(f"{sys.executable} -m core.cli scan {ckpt} --json | head -1",
+                         shell=True, capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).resolve().parents[3])
+    assert out.stdout == "{\n" and "Traceback" not in out.stderr and "Broken" not in out.stderr
+
+
 def test_malicious_pickle_exits_two(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     evil = tmp_path / "evil.bin"
     evil.write_bytes(asm(("PROTO", 2), ("GLOBAL", "os", "system"), ("BINUNICODE", "true"),
