@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import gc
 import re
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -69,6 +70,7 @@ from core.dtypes import (
 )
 from core.errors import Code, LimitExceeded
 from core.fastpath import StubMeta
+from core.pickletoken import CheckedDict
 from core.report import StorageEntry, TensorEntry
 from core.values import Buffer, Call, ExtRef, Global, PersId, Unhashable
 
@@ -745,6 +747,7 @@ def _seed_free(value: Any) -> bool:
     return True
 
 
+_ORDERED_DICT = Global("collections", "OrderedDict")
 _MAX_SET_MEMBERS = 256   # a key text is cut at 1,000 characters: more members never show
 
 
@@ -792,7 +795,7 @@ class _KeyText:
             self.put("[")
             self.items(value, depth)
             self.put("]")
-        elif t is dict:
+        elif t is dict or t is CheckedDict:
             self.put("{")
             for i, (k, v) in enumerate(value.items()):
                 if self.left < 0:
@@ -820,6 +823,12 @@ class _KeyText:
             self.put(f"<extension {value.code}>")
         elif t is Buffer:
             self.put("<out-of-band buffer>")
+        elif isinstance(value, OrderedDict):   # core.fastpath's stand-in: as the exact path
+            node = Call(_ORDERED_DICT, ())      # names the call it records
+            node.setitems.extend(value.items())
+            if value.__dict__:
+                node.state.append(dict(value.__dict__))
+            self.call(node, depth)
         else:
             g = _global_of(value)
             self.put(g.full if g is not None else f"<{t.__name__}>")

@@ -320,3 +320,19 @@ def test_fast_paths_agree_with_the_exact_interpreters(tmp_path: Path, case: str,
     assert _comparable(fast) == _comparable(exact), case
     assert not fast.weights_only.loadable or case == "build-plants-setstate"
     assert fast.verdict != "safe", (case, fast.verdict)
+
+
+@pytest.mark.parametrize("key", ["tensor", "tensor-and-int", "parameter"])
+def test_keys_that_are_tensors_are_named_alike_on_every_path(key: str, tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tensor as a dict key is named by the call that builds it; the fast path's
+    OrderedDict stand-in (the hooks argument) was named `<OrderedDict>`, the exact path's
+    `collections.OrderedDict()`."""
+    torch = pytest.importorskip("torch")
+    made = {"tensor": torch.ones(1), "tensor-and-int": (torch.ones(1), 1),
+            "parameter": torch.nn.Parameter(torch.ones(1))}[key]
+    path = tmp_path / "keyed.pt"
+    torch.save({made: torch.zeros(1)}, path)
+    fast, exact = scan_path(path), _exact(path, monkeypatch)
+    assert _comparable(fast) == _comparable(exact)
+    assert "<" not in fast.tensors[0].name, fast.tensors[0].name
