@@ -58,7 +58,7 @@ def lane_stages(path: Path, repeat: int) -> None:
 
 
 def _storages(loaded: Any, arc: Any) -> Any:
-    st = fastlane._Storages(loaded.pids, arc)
+    st = fastlane._Storages(loaded.pids, loaded.refs, arc)
     st.verify_chain(arc, arc.prefix, 64)
     return st
 

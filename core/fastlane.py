@@ -139,7 +139,7 @@ def _judge(source: ByteSource, an: Analysis) -> _Result:
     loaded = load(data, allowed_checker(an.options.allow))
     if loaded.tokens.end != len(data):
         raise Decline("bytes after STOP")
-    storages = _Storages(loaded.pids, arc)
+    storages = _Storages(loaded.pids, loaded.refs, arc)
     # every record is torch's own (by its exact name, as the general path judges it) or
     # the storage of a persistent id
     known = {row for r in KNOWN_RECORDS if (row := arc.index.get(f"{prefix}/{r}")) is not None}
@@ -182,10 +182,10 @@ class _Storages:
 
     Columns are per distinct key, in first-encounter order (FORMATS.md §2.2)."""
 
-    def __init__(self, pids: list[Any], arc: PlainArchive) -> None:
+    def __init__(self, pids: list[Any], refs: list[tuple[Any]], arc: PlainArchive) -> None:
         if not _same_type(pids, tuple) or set(map(len, pids)) - {5}:
-            raise Decline("persistent id shape")
-        self.pids = pids
+            raise Decline("persistent id shape")   # also: a storage fed to BINPERSID again
+        self.refs = refs   # what persistent_load returned: the only valid storage arguments
         tags, stypes, keys, locations, numels = zip(*pids, strict=True) if pids else ((),) * 5
         if set(tags) - {"storage"} or not _same_type(stypes, StubGlobal) \
                 or not _same_type(keys, str) or not _same_type(locations, str) \
@@ -221,23 +221,26 @@ class _Storages:
         self.data_offset = arc.data_offset[self.rows]
 
     @cached_property
-    def pid_ids(self) -> set[int]:
-        return set(map(id, self.pids))
+    def ref_ids(self) -> set[int]:
+        return set(map(id, self.refs))
 
     @cached_property
     def position(self) -> dict[str, int]:
         """storage key -> its row in these columns."""
         return dict(zip(self.order, range(len(self.order)), strict=True))
 
-    def rows_of(self, storage_args: Any, keys: list[str]) -> Any:
-        """The storage row of each call's storage argument (Decline if one is not a pid)."""
-        if self.distinct and len(storage_args) == len(self.pids) \
-                and all(map(is_, storage_args, self.pids)):
+    def rows_of(self, storage_args: Any) -> tuple[Any, list[str]]:
+        """(storage row, storage key) of each call's storage argument; Decline unless each
+        is what persistent_load returned (not a pid tuple itself, memoized and fetched)."""
+        if self.distinct and len(storage_args) == len(self.refs) \
+                and all(map(is_, storage_args, self.refs)):
             # torch.save's layout: call i got pid i, the first (only) one of storage i
-            return np.arange(len(keys), dtype=np.int64)
-        if not set(map(id, storage_args)) <= self.pid_ids:
+            return np.arange(len(storage_args), dtype=np.int64), self.order
+        if not set(map(id, storage_args)) <= self.ref_ids:
             raise Decline("a tensor storage that is not a persistent id")
-        return np.fromiter(map(self.position.__getitem__, keys), dtype=np.int64, count=len(keys))
+        keys = [ref[0][2] for ref in storage_args]
+        return np.fromiter(map(self.position.__getitem__, keys), dtype=np.int64,
+                           count=len(keys)), keys
 
     def verify_chain(self, arc: PlainArchive, prefix: str, alignment: int) -> None:
         """The `calculate_storage_offsets` chain lands on every record's real offsets."""
@@ -328,10 +331,11 @@ class _Views:
         self.calls = calls
         args = [c.args for c in v2]
         arity = set(map(len, args))
-        if arity - {6, 7} or (7 in arity and any(a[6] for a in args if len(a) == 7)):
+        if arity - {6, 7} or (7 in arity and not _no_metadata(a[6] for a in args if len(a) == 7)):
             raise Decline("_rebuild_tensor_v2 arity or metadata (conj/neg bits)")
-        pids, offsets, sizes, strides, grads, hooks = (
-            zip(*args, strict=False) if args else ((),) * 6)  # 6 columns; a 7th is dropped
+        if 7 in arity:
+            args = [a[:6] for a in args]
+        pids, offsets, sizes, strides, grads, hooks = zip(*args, strict=True) if args else ((),) * 6
         dtypes: list[str] | None = None
         if v3:
             more = self._v3_columns(v3, storages)
@@ -339,14 +343,11 @@ class _Views:
             pids, offsets, sizes, strides, grads, hooks = (
                 a + b for a, b in zip((pids, offsets, sizes, strides, grads, hooks), more[:6],
                                       strict=True))
-        if not _same_type(pids, tuple):
-            raise Decline("a tensor storage that is not a persistent id")
-        self.keys = [p[2] for p in pids]
-        index = storages.rows_of(pids, self.keys)
+        index, self.keys = storages.rows_of(pids)
         if dtypes is None:
             dtypes = (storages.dtype[:1] * len(v2) if len(set(storages.dtype)) == 1
                       else list(map(storages.dtype.__getitem__, index[:len(v2)].tolist())))
-        self.dtypes = dtypes + more[7] if v3 else dtypes
+        self.dtypes = dtypes + more[6] if v3 else dtypes
         if not _same_type(offsets, int) or not _same_type(sizes, tuple) \
                 or not _same_type(strides, tuple) or not _same_type(grads, bool) \
                 or not _empty_hooks(hooks, loaded):
@@ -383,10 +384,12 @@ class _Views:
         """The six v2 columns of the v3 calls, their storage keys and their dtypes."""
         args = [c.args for c in v3]
         arity = set(map(len, args))
-        if arity - {7, 8} or (8 in arity and any(a[7] for a in args if len(a) == 8)):
+        if arity - {7, 8} or (8 in arity and not _no_metadata(a[7] for a in args if len(a) == 8)):
             raise Decline("_rebuild_tensor_v3 arity or metadata (conj/neg bits)")
-        pids, offsets, sizes, strides, grads, hooks, dtypes = zip(*args, strict=False)
-        if not _same_type(dtypes, StubGlobal) or not _same_type(pids, tuple):
+        if 8 in arity:
+            args = [a[:7] for a in args]
+        pids, offsets, sizes, strides, grads, hooks, dtypes = zip(*args, strict=True)
+        if not _same_type(dtypes, StubGlobal):
             raise Decline("_rebuild_tensor_v3 dtype")
         if any(g is not False for g in grads):
             # never loads with requires_grad: torch.empty(requires_grad=True), then set_() on
@@ -396,7 +399,7 @@ class _Views:
             if module != "torch" or name not in ITEMSIZE or name in PACKED_PER_BYTE:
                 raise Decline(f"_rebuild_tensor_v3 dtype {module}.{name}")
         names = [d[1] for d in dtypes]
-        return pids, offsets, sizes, strides, grads, hooks, [p[2] for p in pids], names
+        return pids, offsets, sizes, strides, grads, hooks, names
 
     def _params(self, params: list[RebuildCall], loaded: Loaded) -> None:
         args = [p.args for p in params]
@@ -409,6 +412,11 @@ class _Views:
         if any(grads) and any(g and self.dtypes[self.position[id(t)]] not in FLOATING
                               for t, g in zip(inner, grads, strict=True)):
             raise Decline("requires_grad on a non-floating parameter")
+
+
+def _no_metadata(values: Any) -> bool:
+    """Every metadata argument is None or `{}` (torch's conj/neg bits: the exact path)."""
+    return all(m is None or (type(m) is CheckedDict and not m) for m in values)
 
 
 def _empty_hooks(hooks: Any, loaded: Loaded) -> bool:
@@ -459,7 +467,7 @@ def _walk(loaded: Loaded, views: _Views, storages: _Storages, record: str,
         names, values = flat
         paths: list[Any] = [[k] for k in names]
     else:
-        paths, values = _found(loaded, storages.pid_ids, max_tensors, limits.max_depth)
+        paths, values = _found(loaded, storages.ref_ids, max_tensors, limits.max_depth)
         names = [p[0] if len(p) == 1 and type(p[0]) is str else ".".join(map(str, p))
                  for p in paths]
         paths = list(map(list, paths))
@@ -518,7 +526,7 @@ def _flat_state_dict(loaded: Loaded) -> tuple[list[str], list[Any]] | None:
     return keys, values
 
 
-def _found(loaded: Loaded, pid_ids: set[int], max_tensors: int, max_depth: int
+def _found(loaded: Loaded, ref_ids: set[int], max_tensors: int, max_depth: int
            ) -> tuple[list[tuple[Any, ...]], list[Any]]:
     """(path, tensor) pairs of the general walk, in document order (core.tensors' rules)."""
     kinds, dict_type, attributes = loaded.kinds, loaded.dict_type, loaded.attributes
@@ -550,7 +558,7 @@ def _found(loaded: Loaded, pid_ids: set[int], max_tensors: int, max_depth: int
                 items += [((*path, _segment(k)), v) for k, v in built[1].items()]
             stack.extend(reversed(items))
         elif t is tuple or t is CheckedList:
-            if id(value) in pid_ids:
+            if id(value) in ref_ids:
                 raise Decline("a bare storage")
             stack.extend(reversed([((*path, i), v) for i, v in enumerate(value)]))
         elif t is set or t is frozenset:

@@ -14,7 +14,9 @@ are built so the C `_pickle.Unpickler` does almost everything itself:
   costs a C call; BUILD (`__setstate__`) keeps its state dict, as torch does;
 * every other allowlisted global is an inert `StubGlobal` marker: not callable, not a
   type, so any use beyond being an argument fails inside the unpickler;
-* `persistent_load` appends the pid and returns it unchanged.
+* `persistent_load` returns `(pid,)`, a 1-tuple only it makes: what torch returns is a
+  storage, not the id, so the id itself (a memoized pid tuple fetched again) or the
+  result fed to BINPERSID again must not pass for one (checked by identity in fastlane).
 
 `tokenize` walks every opcode first (one compiled regex; only GLOBAL, PROTO, EMPTY_LIST
 and unusual lengths reach Python) and declines on any opcode torch's unpickler refuses,
@@ -103,6 +105,7 @@ class Loaded:
     root: Any
     tokens: Tokens
     pids: list[Any]                       # every persistent id, in load order
+    refs: list[tuple[Any]]                # what persistent_load returned for each: (pid,)
     calls: dict[type[RebuildCall], list[RebuildCall]]   # every rebuild call, per function
     kinds: dict[type, type[RebuildCall]]  # this load's stub class -> its base above
     dict_type: type[StubDict]             # this load's OrderedDict stand-in
@@ -114,24 +117,25 @@ class _StubUnpickler(StubUnpickler):
     reference cycle, or the whole value graph would wait for the cyclic GC to be freed."""
 
     def __init__(self, data: bytes, toks: Tokens, stubs: dict[tuple[str, str], Any],
-                 pids: list[Any], builds: BuildLedger) -> None:
+                 refs: list[tuple[Any]], builds: BuildLedger) -> None:
         super().__init__(data, toks)
         self.stubs.update(stubs)
-        self.pids = pids
+        self.refs = refs
         self.builds = builds
 
     def make_stub(self, module: str, name: str) -> Any:
         return StubGlobal((module, name))
 
     def persistent_load(self, pid: Any) -> Any:
-        self.pids.append(pid)
-        return pid
+        ref = (pid,)
+        self.refs.append(ref)
+        return ref
 
 
 def load(data: bytes, allowed: Callable[[str], bool]) -> Loaded:
     """Build the value graph of a clean torch pickle at C speed, or raise Decline."""
     toks = tokenize(data, allowed)
-    pids: list[Any] = []
+    refs: list[tuple[Any]] = []
     # one class per load: `made` must not be shared between concurrent scans
     made: dict[type[RebuildCall], list[RebuildCall]] = {b: [] for b in _REBUILD_STUBS.values()}
     kinds: dict[type, type[RebuildCall]] = {}
@@ -147,7 +151,7 @@ def load(data: bytes, allowed: Callable[[str], bool]) -> Loaded:
     stubs[("collections", "OrderedDict")] = dict_type
 
     try:
-        root = _StubUnpickler(data, toks, stubs, pids, builds).load_or_decline()
+        root = _StubUnpickler(data, toks, stubs, refs, builds).load_or_decline()
     finally:
         # the stub classes must not keep the instances (a class <-> instance cycle)
         calls = {base: list(found) for base, found in made.items()}
@@ -155,4 +159,5 @@ def load(data: bytes, allowed: Callable[[str], bool]) -> Loaded:
             found.clear()
         built = dict(attributes)
         attributes.clear()
-    return Loaded(root, toks, pids, calls, kinds, dict_type, built)
+    pids = [ref[0] for ref in refs]
+    return Loaded(root, toks, pids, refs, calls, kinds, dict_type, built)

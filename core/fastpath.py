@@ -28,7 +28,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from core.dtypes import FLOATING, ITEMSIZE
-from core.pickletoken import BuildLedger, Decline, StubUnpickler, Tokens, tokenize
+from core.pickletoken import (
+    PLAIN_KEYS,
+    BuildLedger,
+    CheckedDict,
+    Decline,
+    StubUnpickler,
+    Tokens,
+    check_key,
+    tokenize,
+)
 from core.values import Call, Global, PersId
 
 __all__ = ["Decline", "FastResult", "Tokens", "check_rebuild", "fast_load", "tokenize"]
@@ -38,10 +47,13 @@ class _ODict(OrderedDict[Any, Any]):
     Subclassed per load: `builds` is that load's count of judged BUILDs."""
 
     builds: BuildLedger
+    # no arguments (`OrderedDict(pairs)` raises in C: the exact path models it); an
+    # OrderedDict is valid without its __init__, which only adds the arguments
+    __init__ = dict.clear  # type: ignore[assignment]
 
     def __setitem__(self, key: Any, value: Any) -> None:   # see pickletoken.CheckedDict
-        if type(key) is tuple:
-            raise Decline("a tuple dict key")
+        if type(key) not in PLAIN_KEYS or key != key:
+            check_key(key)
         OrderedDict.__setitem__(self, key, value)
 
     def __setstate__(self, state: Any) -> None:
@@ -172,7 +184,8 @@ def check_rebuild(full: str, args: tuple[Any, ...],
     itemsize = ITEMSIZE.get(dtype)
     if (itemsize is None or type(offset) is not int or offset < 0
             or type(size) is not tuple or type(stride) is not tuple or len(size) != len(stride)
-            or type(requires_grad) is not bool or not _is_empty_hooks(hooks) or metadata):
+            or type(requires_grad) is not bool or not _is_empty_hooks(hooks)
+            or not (metadata is None or (type(metadata) is CheckedDict and not metadata))):
         raise Decline("unusual tensor arguments")
     if requires_grad and (dtype not in FLOATING or full.endswith("_v3")):
         # _rebuild_tensor_v3 with requires_grad never loads (torch.empty(requires_grad=True)

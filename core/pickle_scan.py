@@ -35,6 +35,7 @@ from core.weights_only import (
     TorchError,
     WeightsOnlyResult,
     emulate,
+    restorable,
     safe_globals_hint,
     unsafe_globals,
 )
@@ -101,7 +102,7 @@ def _try_fast(data: bytes, an: Analysis, resolver: StorageResolver | None,
             raise Decline("persistent id is not a 5-field storage tuple")
         st, key, location, numel = pid[1:]
         if (type(st) is not Global or type(key) is not str or type(location) is not str
-                or type(numel) is not int or numel < 0):
+                or type(numel) is not int or numel < 0 or not restorable(location)):
             raise Decline("unusual storage persistent id")
         if st.full == "torch.storage.UntypedStorage":
             dtype: str | None = "uint8"

@@ -162,8 +162,7 @@ def tokenize(data: bytes, allowed: Callable[[str], bool], *, newobj: bool = Fals
         elif op == 0x80:  # PROTO
             if pos + 2 > n:
                 raise Decline("truncated")
-            if toks.protocol is None:
-                toks.protocol = data[pos + 1]
+            toks.protocol = data[pos + 1]   # the last PROTO, as the interpreters report it
             if data[pos + 1] > pickle.HIGHEST_PROTOCOL:
                 raise Decline("protocol beyond the C unpickler")
             pos += 2
@@ -189,17 +188,27 @@ class CheckedList(list[Any]):
         raise Decline("SETITEM on a list")
 
 
+# dict keys the C-speed paths let the C unpickler hash: plain data, O(1) to hash
+PLAIN_KEYS = frozenset((str, int, bool, type(None), bytes, float))
+
+
+def check_key(key: Any) -> None:
+    """Decline a dict key that is not plain data: hashing a tuple visits every path through
+    it (a tuple DAG built from the memo: 2**depth steps, in C, with no way to stop it), and
+    storages, tensors, globals or NaN as keys are the exact interpreters' to judge."""
+    if type(key) not in PLAIN_KEYS or key != key:
+        raise Decline(f"a {type(key).__name__} dict key")
+
+
 class CheckedDict(dict[Any, Any]):
-    """EMPTY_DICT: a dict that refuses tuple keys. Hashing a tuple visits every path
-    through it, so a tuple DAG built from the memo hashes in 2**depth steps, in C, with no
-    way to stop it; the exact interpreters hash each tuple of a DAG once. Other keys cost
-    one Python call each (the C unpickler calls `__setitem__` of a dict subclass)."""
+    """EMPTY_DICT: a dict that takes only plain keys (`check_key`). Each key costs one
+    Python call (the C unpickler calls `__setitem__` of a dict subclass)."""
 
     __slots__ = ()
 
     def __setitem__(self, key: Any, value: Any) -> None:
-        if type(key) is tuple:
-            raise Decline("a tuple dict key")
+        if type(key) not in PLAIN_KEYS or key != key:   # check_key, inline: one call a key
+            check_key(key)
         dict.__setitem__(self, key, value)
 
 
@@ -226,8 +235,8 @@ class BuildLedger:
         self.keys += len(state)
         if self.keys > MAX_BUILD_STATE_KEYS:
             raise Decline("BUILD states with too many keys in all")
-        if any(type(k) is str and k.startswith("__") for k in state):
-            raise Decline("BUILD on OrderedDict with a dunder key")
+        if any(type(k) is not str or k.startswith("__") for k in state):
+            raise Decline("BUILD on OrderedDict with a dunder or non-str key")
 
 
 class StubUnpickler(pickle.Unpickler):

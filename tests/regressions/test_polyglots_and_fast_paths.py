@@ -336,3 +336,52 @@ def test_keys_that_are_tensors_are_named_alike_on_every_path(key: str, tmp_path:
     fast, exact = scan_path(path), _exact(path, monkeypatch)
     assert _comparable(fast) == _comparable(exact)
     assert "<" not in fast.tensors[0].name, fast.tensors[0].name
+
+
+def _round5_cases() -> dict[str, bytes]:
+    """Pickles where a C-speed path differed from the exact interpreters (helper hunt,
+    16,800 generated files): A-C were called loadable although torch refuses them."""
+    from tests.core.fastlane.torchlayout import v2
+    from tests.pickle_asm import asm
+
+    def s(text: str) -> tuple[str, str]:
+        return ("BINUNICODE", text)
+
+    od = [("GLOBAL", "collections", "OrderedDict"), "EMPTY_TUPLE", "REDUCE"]
+    double = v2("0")
+    double.insert(10, "BINPERSID")                       # BINPERSID fed its own result
+    put, get = v2("0"), v2("0")
+    put.insert(9, ("BINPUT", 50))                         # the pid tuple, memoized ...
+    get = get[:2] + [("BINGET", 50)] + get[10:]           # ... and passed as a storage
+    foo, meta = v2("0"), v2("0")
+    foo[6], meta[6] = s("foo"), s("meta")
+    falsy = v2("1")
+    falsy = falsy[:-2] + ["NEWFALSE"] + falsy[-2:]        # metadata argument False
+    cases = {
+        "A-double-binpersid": ["EMPTY_DICT", s("a"), *double, "SETITEM"],
+        "B-pid-tuple-as-storage": ["EMPTY_DICT", "MARK", s("a"), *put, s("b"), *get, "SETITEMS"],
+        "C-location-foo": ["EMPTY_DICT", s("a"), *foo, "SETITEM"],
+        "D-nan-key": ["EMPTY_DICT", ("BINFLOAT", float("nan")), *v2("0"), "SETITEM"],
+        "E-build-int-key": [*od, "MARK", s("w"), *v2("0"), "SETITEMS", "EMPTY_DICT",
+                            ("BININT1", 5), ("BININT1", 1), "SETITEM", "BUILD"],
+        "F-metadata-false": ["EMPTY_DICT", "MARK", s("a"), *v2("0"), s("b"), *falsy, "SETITEMS"],
+        "G-ordereddict-pairs": [("GLOBAL", "collections", "OrderedDict"), "EMPTY_LIST", s("a"),
+                                ("BININT1", 1), "TUPLE2", "APPEND", "TUPLE1", "REDUCE"],
+        "H-storage-dict-key": ["EMPTY_DICT", *v2("0")[2:10], ("BININT1", 1), "SETITEM"],
+        "I-second-proto": ["EMPTY_DICT", ("PROTO", 4), s("a"), *v2("0"), "SETITEM"],
+        "J-location-meta": ["EMPTY_DICT", s("a"), *meta, "SETITEM"],
+    }
+    return {name: asm(("PROTO", 2), *ops, "STOP") for name, ops in cases.items()}
+
+
+@pytest.mark.parametrize("case", sorted(_round5_cases()))
+def test_fast_paths_agree_on_round5_cases(case: str, tmp_path: Path,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    torch = pytest.importorskip("torch")
+    path = tmp_path / "case.pt"
+    records = [(key, b"\0" * 8) for key in (("0", "1") if case.startswith("F") else ("0",))]
+    path.write_bytes(torch_layout("archive", _round5_cases()[case], records))
+    fast, exact = scan_path(path), _exact(path, monkeypatch)
+    assert _comparable(fast) == _comparable(exact)
+    if fast.weights_only.loadable:   # never loadable where torch refuses
+        torch.load(path, weights_only=True)
