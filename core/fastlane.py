@@ -463,14 +463,21 @@ def _walk(loaded: Loaded, views: _Views, storages: _Storages, record: str,
     """Tensors in document order, named as core.tensors names them; storages as met."""
     max_tensors = limits.max_tensors
     flat = _flat_state_dict(loaded)
-    if flat is not None:
-        names, values = flat
-        paths: list[Any] = [[k] for k in names]
+    paths: list[Any]
+    if flat is not None and flat[2] is None:
+        names, values, _ = flat
+        paths = [[k] for k in names]
     else:
-        paths, values = _found(loaded, storages.ref_ids, max_tensors, limits.max_depth)
+        start = None
+        if flat is not None and flat[2] is not None:   # a module's state_dict: flat items,
+            # then what BUILD set on it (its `_metadata`), walked
+            start = [((_segment(k),), v) for k, v in reversed(flat[2].items())]
+        paths, values = _found(loaded, storages.ref_ids, max_tensors, limits.max_depth, start)
         names = [p[0] if len(p) == 1 and type(p[0]) is str else ".".join(map(str, p))
                  for p in paths]
         paths = list(map(list, paths))
+        if flat is not None:
+            names, values, paths = flat[0] + names, flat[1] + values, [[k] for k in flat[0]] + paths
     if len(values) > max_tensors:
         raise Decline("tensor cap")
     kinds = loaded.kinds
@@ -514,26 +521,29 @@ def _walk(loaded: Loaded, views: _Views, storages: _Storages, record: str,
     return tensors, used
 
 
-def _flat_state_dict(loaded: Loaded) -> tuple[list[str], list[Any]] | None:
-    """The common root, a dict of str -> tensor, without walking it; None for any other."""
+def _flat_state_dict(loaded: Loaded) -> tuple[list[str], list[Any], dict[Any, Any] | None] | None:
+    """The common root, a dict of str -> tensor, without walking it: (keys, tensors, the
+    attributes a BUILD gave it, e.g. a module state_dict's `_metadata`); None for any other."""
     root = loaded.root
-    if (type(root) is not CheckedDict and type(root) is not loaded.dict_type) \
-            or id(root) in loaded.attributes:
+    if type(root) is not CheckedDict and type(root) is not loaded.dict_type:
         return None
     keys, values = list(root), list(root.values())
     if not _same_type(keys, str) or not set(map(type, values)) <= loaded.kinds.keys():
         return None
-    return keys, values
+    built = loaded.attributes.get(id(root))
+    return keys, values, None if built is None else built[1]
 
 
-def _found(loaded: Loaded, ref_ids: set[int], max_tensors: int, max_depth: int
+def _found(loaded: Loaded, ref_ids: set[int], max_tensors: int, max_depth: int,
+           start: list[tuple[tuple[Any, ...], Any]] | None = None
            ) -> tuple[list[tuple[Any, ...]], list[Any]]:
-    """(path, tensor) pairs of the general walk, in document order (core.tensors' rules)."""
+    """(path, tensor) pairs of the general walk, in document order (core.tensors' rules);
+    from `start` (the root already walked) if given."""
     kinds, dict_type, attributes = loaded.kinds, loaded.dict_type, loaded.attributes
     paths: list[tuple[Any, ...]] = []
     values: list[Any] = []
-    stack: list[tuple[tuple[Any, ...], Any]] = [((), loaded.root)]
-    seen: set[int] = set()
+    stack: list[tuple[tuple[Any, ...], Any]] = [((), loaded.root)] if start is None else start
+    seen: set[int] = set() if start is None else {id(loaded.root)}
     pop = stack.pop
     while stack:
         path, value = pop()

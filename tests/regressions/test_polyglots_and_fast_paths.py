@@ -352,11 +352,11 @@ def _round5_cases() -> dict[str, bytes]:
     double.insert(10, "BINPERSID")                       # BINPERSID fed its own result
     put, get = v2("0"), v2("0")
     put.insert(9, ("BINPUT", 50))                         # the pid tuple, memoized ...
-    get = get[:2] + [("BINGET", 50)] + get[10:]           # ... and passed as a storage
+    get = [*get[:2], ("BINGET", 50), *get[10:]]           # ... and passed as a storage
     foo, meta = v2("0"), v2("0")
     foo[6], meta[6] = s("foo"), s("meta")
     falsy = v2("1")
-    falsy = falsy[:-2] + ["NEWFALSE"] + falsy[-2:]        # metadata argument False
+    falsy = [*falsy[:-2], "NEWFALSE", *falsy[-2:]]        # metadata argument False
     cases = {
         "A-double-binpersid": ["EMPTY_DICT", s("a"), *double, "SETITEM"],
         "B-pid-tuple-as-storage": ["EMPTY_DICT", "MARK", s("a"), *put, s("b"), *get, "SETITEMS"],
