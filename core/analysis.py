@@ -44,6 +44,8 @@ class Analysis:
     weights_only: WeightsOnly | None = None
     extra: dict[str, Any] = field(default_factory=dict)
     io: dict[str, int] = field(default_factory=dict)   # read-side counts beyond the source's
+    # digests of the inline pickles (`pickle.loads(b'...')`) already interpreted: each once
+    nested_pickles: set[bytes] = field(default_factory=set)
 
     def add(self, code: Code, message: str, *, record: str | None = None,
             offset: int | None = None, severity: Severity | None = None) -> Finding:

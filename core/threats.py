@@ -19,6 +19,7 @@ the call graph statically).
 
 from __future__ import annotations
 
+import hashlib
 import unicodedata
 from dataclasses import dataclass
 from functools import lru_cache
@@ -52,6 +53,7 @@ _PLANTED_DUNDERS = tuple(sorted(DANGEROUS_DUNDERS - {"__dict__"}))
 _MAX_NOTES_PER_CODE = 32
 _MAX_GLOBAL_FINDINGS = 256   # per code and assess; every global still gets its `globals` entry
 _MAX_NESTED_DEPTH = 2
+_MAX_NESTED_PICKLES = 64     # distinct inline pickles interpreted per scan
 _PICKLE_STARTS = frozenset(bytes([b]) for b in b"\x80(]}cN)IJKVX")   # PROTO or a protocol 0/1 start
 
 
@@ -355,6 +357,20 @@ class _Assessor:
             return      # a zip or .npy (judged as a whole file elsewhere), or not a pickle
         limits = self.an.options.limits
         if len(data) > limits.max_pickle_bytes:
+            return
+        # one memoized payload passed to pickle.loads 1,000 times, each calling it 1,000
+        # times more, is a million interpretations of a 12 KB file: each payload once, and
+        # a bounded number in all (the call itself is already a finding)
+        seen = self.an.nested_pickles
+        digest = hashlib.blake2b(data, digest_size=16).digest()
+        if digest in seen:
+            return
+        seen.add(digest)
+        if len(seen) > _MAX_NESTED_PICKLES:
+            if len(seen) == _MAX_NESTED_PICKLES + 1:
+                self.an.add(Code.PICKLE_NESTED_DESERIALIZER, f"more than {_MAX_NESTED_PICKLES} "
+                            "inline pickles: the rest are not interpreted", record=self.record,
+                            offset=call.offset)
             return
         record = f"{self.record or ''}@{call.offset}:nested"
         inner = run_vm(data, base_offset=0, limits=limits)

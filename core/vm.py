@@ -179,6 +179,30 @@ def hashable_key(value: Any, budget: list[int] | None = None) -> Any:
     return value
 
 
+def _unlink(functions: list[Callable[[int], int]]) -> None:
+    """Empty the closure cells of the handlers and of every function they reach.
+
+    The handlers refer to each other and to the machine through their cells: reference
+    cycles, so a finished machine (its buffer, memo and stack) would wait for the cyclic
+    GC, which a scan pauses. A legacy tar of 90k items ran 90k machines: 9.8 GB.
+    """
+    todo: list[Any] = list(functions)
+    done: set[int] = set()
+    while todo:
+        fn = todo.pop()
+        if id(fn) in done:
+            continue
+        done.add(id(fn))
+        for cell in getattr(fn, "__closure__", None) or ():
+            try:
+                inner = cell.cell_contents
+            except ValueError:   # an empty cell
+                continue
+            if callable(inner) and hasattr(inner, "__closure__"):
+                todo.append(inner)
+            cell.cell_contents = None
+
+
 class _Machine:
     """State of one interpretation; `run` is the loop, `_dispatch` builds the handlers."""
 
@@ -225,7 +249,7 @@ class _Machine:
             count += i + 1
         except CkptError as exc:
             count += i + 1
-            res.error = exc
+            res.error = exc.with_traceback(None)   # its frames would hold the machine
         except MemoryError:
             # the worker's address-space limit: a resource verdict, not a malformed pickle
             count += i + 1
@@ -237,6 +261,7 @@ class _Machine:
         if not res.complete:
             res.end = pos
         res.opcode_count = count
+        _unlink(dispatch)
         return res
 
     def _classify(self, exc: Exception, pos: int, n: int) -> CkptError:

@@ -174,10 +174,15 @@ class _Stream:
         sites: dict[str, StorageSite] = {}
         overwritten: list[str] = []
         offset, i = start, 0
+        # predict every block at once (one round trip); after a wrong count, predict one
+        # block, then twice as many each time the predictions hold: a stream of wrong counts
+        # cost len(keys) predictions per block (10k blocks: 25 s), now each block is read once
+        batch = len(keys)
         while i < len(keys):
             spans: list[tuple[int, int]] = []
             o = offset
-            for key in keys[i:]:
+            wanted = keys[i:i + batch]
+            for key in wanted:
                 if o + 8 > size:
                     break
                 spans.append((o, 8))
@@ -213,9 +218,11 @@ class _Stream:
                 offset = data_offset + nbytes
                 i += 1
                 if not ok:
+                    batch = 1
                     break     # the next offsets were predicted from the wrong size
             else:
-                if i < len(keys):   # the next count itself runs past the end
+                batch *= 2
+                if len(spans) < len(wanted):   # the next count itself runs past the end
                     self.fail(TorchError("RuntimeError", _EOF.format(offset + 8 - size), offset))
                     self.an.add(Code.TORCH_BAD_LEGACY_STREAM,
                                 f"the stream ends before the block of storage {keys[i]}", offset=offset)

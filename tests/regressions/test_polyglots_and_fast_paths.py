@@ -385,3 +385,54 @@ def test_fast_paths_agree_on_round5_cases(case: str, tmp_path: Path,
     assert _comparable(fast) == _comparable(exact)
     if fast.weights_only.loadable:   # never loadable where torch refuses
         torch.load(path, weights_only=True)
+
+
+def _fan(payload: bytes, count: int) -> bytes:
+    """`pickle.loads(payload)` called `count` times on one memoized bytes object."""
+    out = b"\x80\x03cpickle\nloads\nq\x00B" + struct.pack("<I", len(payload)) + payload
+    return out + b"\x85q\x01R0" + b"h\x00h\x01R0" * (count - 1) + b"N."
+
+
+def test_an_inline_pickle_called_a_million_times_is_interpreted_once(tmp_path: Path) -> None:
+    """12 KB: 1,000 calls of pickle.loads on one payload that itself calls it 1,000 times.
+    Each call was interpreted anew (a million VM runs: past 60 s and 14 GB)."""
+    path = tmp_path / "fan.pkl"
+    path.write_bytes(_fan(_fan(b"\x80\x02N.", 1_000), 1_000))
+    verdict, _ = _scan_in_subprocess(path)
+    assert verdict == "unsafe"
+
+
+def test_distinct_inline_pickles_are_interpreted_up_to_a_cap() -> None:
+    payloads = b"".join(b"B" + struct.pack("<I", 5) + b"\x80\x02K" + bytes([i]) + b"." + b"\x85R0"
+                        for i in range(100))
+    data = b"\x80\x03cpickle\nloads\nq\x00" + b"".join(
+        b"h\x00" + p for p in [payloads[i * 13:(i + 1) * 13] for i in range(100)]) + b"N."
+    report = scan_source(BytesSource(data))
+    assert report.verdict == "unsafe"
+    assert any("more than 64 inline pickles" in f.message for f in report.findings)
+
+
+def test_a_legacy_stream_of_wrong_counts_is_located_in_linear_time(tmp_path: Path) -> None:
+    """20k storages whose every count disagrees with its persistent id: the offsets after a
+    wrong count were predicted again for all remaining storages (quadratic: past 60 s)."""
+    torch = pytest.importorskip("torch")
+    import pickle
+
+    class Pickler(pickle.Pickler):
+        def persistent_id(self, obj: object) -> object:
+            if isinstance(obj, tuple) and obj and obj[0] == "PID":
+                return ("storage", torch.FloatStorage, obj[1], "cpu", 1, None)
+            return None
+
+    buf = io.BytesIO()
+    for value in (0x1950A86A20F9469CFC6C, 1001, {"protocol_version": 1001, "little_endian": True,
+                                                 "type_sizes": {"short": 2, "int": 4, "long": 4}}):
+        pickle.dump(value, buf, protocol=2)
+    keys = [str(i) for i in range(20_000)]
+    Pickler(buf, protocol=2).dump([("PID", k) for k in keys])
+    pickle.dump(keys, buf, protocol=2)
+    buf.write(struct.pack("<q", 0) * len(keys))   # count 0 where the pid says 1
+    path = tmp_path / "counts.pt"
+    path.write_bytes(buf.getvalue())
+    verdict, error = _scan_in_subprocess(path)
+    assert verdict == "suspicious" and "wrong byte size" in error

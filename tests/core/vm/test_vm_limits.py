@@ -240,3 +240,20 @@ def test_memory_error_is_a_resource_limit_not_a_malformed_pickle(monkeypatch) ->
     result = run_vm(b"\x80\x02].")
     assert isinstance(result.error, LimitExceeded)
     assert result.error.code == Code.RESOURCE_LIMIT
+
+
+def test_a_finished_machine_is_freed_without_the_cyclic_gc() -> None:
+    """Scans pause the cyclic GC; the handlers' closures formed cycles through the machine,
+    so every interpreted pickle stayed in memory until the scan ended (a legacy tar of 90k
+    items: 9.8 GB)."""
+    import gc
+
+    gc.collect()
+    gc.disable()
+    try:
+        for data in (b"\x80\x02" + b"N" * 1000 + b".", b"\x80\x02(]q\x00h\x00", b"\x80\x02c"):
+            result = run_vm(data)
+            del result
+        assert gc.collect() < 20
+    finally:
+        gc.enable()
