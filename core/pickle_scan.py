@@ -12,12 +12,13 @@ inspected for a second pickle.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
 from core.analysis import Analysis
 from core.dtypes import ITEMSIZE, storage_dtype
-from core.errors import Code
+from core.errors import Code, LimitExceeded
 from core.fastpath import Decline, FastResult, check_rebuild, fast_load
 from core.names import python_map
 from core.pickletoken import Tokens
@@ -161,11 +162,26 @@ def _inspect_trailing(data: bytes, pos: int, an: Analysis, *, record: str | None
     """Bytes after STOP: torch ignores them; another unpickler (or a later pickle.load on the
     same stream) might not. A second pickle there is a classic hiding place."""
     limits = an.options.limits
+    # one opcode budget for all of them: 16 pickles of 50 M opcodes each fit in 500 KB
+    left = limits.max_opcodes
     for _ in range(limits.max_trailing_pickles):
         rest = len(data) - pos
         if rest <= 0:
             return
-        nxt = run_vm(data, start=pos, base_offset=base_offset, limits=limits)
+        if left <= 0:
+            an.add(Code.LIMIT_OPCODES, f"the pickles after STOP run past {limits.max_opcodes} "
+                   "opcodes together", record=record, offset=base_offset + pos)
+            return
+        nxt = run_vm(data, start=pos, base_offset=base_offset,
+                     limits=dataclasses.replace(limits, max_opcodes=left))
+        left -= nxt.opcode_count
+        if isinstance(nxt.error, LimitExceeded):   # fail closed: not judged is not clean
+            message = (f"the pickles after STOP run past {limits.max_opcodes} opcodes together"
+                       if nxt.error.code == Code.LIMIT_OPCODES else nxt.error.message)
+            an.add(nxt.error.code, message, record=record, offset=nxt.error.offset)
+            if nxt.globals:
+                assess(nxt, an, allow=an.options.allow, record=record)
+            return
         if nxt.complete and (nxt.globals or nxt.opcode_count > 1):
             an.add(Code.PICKLE_SECOND_PICKLE,
                    f"a second pickle ({nxt.opcode_count} opcodes) follows STOP",

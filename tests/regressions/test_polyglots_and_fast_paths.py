@@ -436,3 +436,16 @@ def test_a_legacy_stream_of_wrong_counts_is_located_in_linear_time(tmp_path: Pat
     path.write_bytes(buf.getvalue())
     verdict, error = _scan_in_subprocess(path)
     assert verdict == "suspicious" and "wrong byte size" in error
+
+
+def test_pickles_after_stop_share_one_opcode_budget() -> None:
+    """Each pickle after STOP had the whole opcode cap: 16 of them ran 17x the cap."""
+    from core.analysis import ScanOptions
+    from core.limits import Limits
+
+    trailing = b"\x80\x02" + b"N0" * 300 + b"N."            # ~600 opcodes each
+    data = b"\x80\x02N." + trailing * 3
+    report = scan_source(BytesSource(data),
+                         options=ScanOptions(limits=Limits(max_opcodes=1_000)))
+    assert any(f.code == "LIMIT_OPCODES" and "after STOP" in f.message for f in report.findings)
+    assert report.verdict == "invalid"
