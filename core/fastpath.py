@@ -38,6 +38,7 @@ from core.pickletoken import (
     check_key,
     tokenize,
 )
+from core.torch_rebuild import INT64_SAFE
 from core.values import Call, Global, PersId
 
 __all__ = ["Decline", "FastResult", "Tokens", "check_rebuild", "fast_load", "tokenize"]
@@ -82,8 +83,6 @@ def _as_value(x: Any) -> Any:
     """Stub classes that appear as plain values become Global nodes."""
     return x.node if type(x) is StubMeta else x
 
-
-_INT64_SAFE = 1 << 62   # sizes, strides and offsets torch's argument parser surely takes
 
 # Only the rebuild calls a plain state_dict needs; the rest (quantized, sparse, meta,
 # subclasses...) take the exact path, which models their argument checks.
@@ -191,13 +190,13 @@ def check_rebuild(full: str, args: tuple[Any, ...],
         # _rebuild_tensor_v3 with requires_grad never loads (torch.empty(requires_grad=True)
         # then set_() on a leaf that requires grad: RuntimeError)
         raise Decline("requires_grad on a non-floating tensor, or in _rebuild_tensor_v3")
-    if offset >= _INT64_SAFE:
+    if offset >= INT64_SAFE:
         raise Decline("a storage offset near int64 overflow")
     extent = 1
     empty = False
     for n, st in zip(size, stride, strict=True):   # every dim, also after a zero one
         if type(n) is not int or type(st) is not int or not (
-                0 <= n < _INT64_SAFE and 0 <= st < _INT64_SAFE):
+                0 <= n < INT64_SAFE and 0 <= st < INT64_SAFE):
             raise Decline("negative, huge or non-integer size/stride (torch parses int64)")
         empty = empty or n == 0
         extent += (n - 1) * st

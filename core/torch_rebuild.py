@@ -67,7 +67,7 @@ _NO_GRAD_SETTER = "only Tensors of floating point and complex dtype can require 
 _NO_GRAD = "Only Tensors of floating point and complex dtype can require gradients"
 _LEAF_IN_PLACE = "a leaf Variable that requires grad is being used in an in-place operation."
 _DEVICE_TYPES = ", ".join(DEVICE_TYPES)
-_INT64_SAFE = 1 << 62
+INT64_SAFE = 1 << 62   # ints below this are exact through every product we form (shared with fastpath)
 # data descriptors of torch.Tensor / nn.Parameter: setattr on them is not a plain store
 # (tests/differential checks this list against torch)
 TENSOR_DESCRIPTORS = frozenset("""
@@ -199,7 +199,7 @@ def _int_seq(v: Any) -> tuple[int, ...] | None:
     if isinstance(v, Call) and v.attrs.get("type") == "torch.Size":
         seq = v.attrs.get("value")
         return seq if isinstance(seq, tuple) else None
-    if isinstance(v, (tuple, list)) and all(_is_int(x) and abs(x) < _INT64_SAFE for x in v):
+    if isinstance(v, (tuple, list)) and all(_is_int(x) and abs(x) < INT64_SAFE for x in v):
         return tuple(v)
     return None
 
@@ -249,7 +249,7 @@ def _set_args(offset: Any, size: Any, stride: Any) -> tuple[tuple[int, ...], tup
     if _is_int(offset) and not -(1 << 63) <= offset < 1 << 63:
         raise Fail("ValueError", "Overflow when unpacking long long")
     shape, strides = _int_seq(size), _int_seq(stride)
-    if not _is_int(offset) or shape is None or strides is None or abs(offset) >= _INT64_SAFE:
+    if not _is_int(offset) or shape is None or strides is None or abs(offset) >= INT64_SAFE:
         raise unmodelled("set_() with a non-int offset or size/stride that is not a sequence of ints")
     return shape, strides
 
@@ -274,9 +274,9 @@ def _check_view(st: StorageInfo, itemsize: int, offset: Any, size: Any, stride: 
     numel = 1
     for s in shape:
         numel *= s
-        if numel >= _INT64_SAFE:  # stop before the product becomes a huge int
+        if numel >= INT64_SAFE:  # stop before the product becomes a huge int
             break
-    if numel >= _INT64_SAFE:
+    if numel >= INT64_SAFE:
         raise unmodelled("element count near int64 overflow")
     if numel == 0:
         return shape
@@ -284,7 +284,7 @@ def _check_view(st: StorageInfo, itemsize: int, offset: Any, size: Any, stride: 
         raise Fail("RuntimeError", f"Storage size calculation overflowed with sizes={list(shape)} and "
                    f"strides={list(strides)}")
     extent = offset + 1 + sum((s - 1) * d for s, d in zip(shape, strides, strict=True))
-    if extent * itemsize >= _INT64_SAFE:
+    if extent * itemsize >= INT64_SAFE:
         raise unmodelled("storage extent near int64 overflow")
     # sub-byte quantized dtypes pack several elements per byte: the bytes needed round up
     # (measured with torch 2.13: quint4x2 needs ceil(elements / 2), quint2x4 ceil(elements / 4))
@@ -656,7 +656,7 @@ def _size(func: Global, args: tuple[Any, ...], so: StorageOf, opcode: str, off: 
                                    f"is '{tn}')")
                     break
             else:
-                if all(abs(x) < _INT64_SAFE for x in seq):
+                if all(abs(x) < INT64_SAFE for x in seq):
                     return _simple("torch.Size", value=tuple(seq))(func, args, so, opcode, off)
     raise unmodelled("torch.Size of anything but a sequence of ints")
 
