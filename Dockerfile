@@ -1,5 +1,5 @@
 # ckptguard service image: multi-stage, non-root, no build tools in the final stage.
-#   docker build -t ckptguard .            (podman: see shared/docs/CONTAINERS.md)
+#   docker build -t ckptguard .            (podman: see the README's Deployment section)
 #   docker run -p 8000:8000 -v ckptguard-data:/data ckptguard
 ARG BASE=python:3.11-slim
 
@@ -9,6 +9,8 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY core ./core
 COPY app ./app
+# the installed package: the public API and its two links, ckptguard/core and ckptguard/app
+COPY ckptguard ./ckptguard
 # Wheels only: nothing is compiled, so the base needs no compiler.
 RUN python3 -m venv /opt/venv \
  && /opt/venv/bin/pip install --only-binary=:all: --no-compile 'setuptools>=68' wheel \

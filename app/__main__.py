@@ -1,6 +1,6 @@
-"""`python -m app`: the same as `ckptguard serve` (settings from CKPTGUARD_* variables)."""
+"""`python -m ckptguard.app`: the same as `ckptguard serve` (settings from CKPTGUARD_* variables)."""
 
-from app.main import serve
+from ckptguard.app.main import serve
 
 if __name__ == "__main__":
     serve()

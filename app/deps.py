@@ -7,12 +7,12 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
-from app.jobs import Jobs
-from app.metrics import Metrics
-from app.pipeline import ScanService
-from app.problems import AppError
-from app.settings import Settings
-from app.store import Store
+from ckptguard.app.jobs import Jobs
+from ckptguard.app.metrics import Metrics
+from ckptguard.app.pipeline import ScanService
+from ckptguard.app.problems import AppError
+from ckptguard.app.settings import Settings
+from ckptguard.app.store import Store
 
 
 def _settings(request: Request) -> Settings:

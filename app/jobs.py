@@ -23,11 +23,11 @@ from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from typing import Any
 
-from app.worker import Hook, Job, WorkerLimits, main
-from core import __version__
-from core.errors import CkptError, Code
-from core.report import Finding, Report, SourceInfo
-from core.urlguard import UrlGuard
+from ckptguard.app.worker import Hook, Job, WorkerLimits, main
+from ckptguard.core import __version__
+from ckptguard.core.errors import CkptError, Code
+from ckptguard.core.io.urlguard import UrlGuard
+from ckptguard.core.report import Finding, Report, SourceInfo
 
 log = logging.getLogger("ckptguard.jobs")
 

@@ -17,18 +17,18 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app import logs, problems
-from app.deps import AuthDep
-from app.jobs import Jobs
-from app.metrics import Metrics
-from app.pipeline import ScanService
-from app.problems import problem
-from app.routes import health, scan, scans
-from app.settings import Settings
-from app.store import Store
-from app.uploads import sweep_stale
-from app.worker import WorkerLimits
-from core import __version__
+from ckptguard.app import logs, problems
+from ckptguard.app.deps import AuthDep
+from ckptguard.app.jobs import Jobs
+from ckptguard.app.metrics import Metrics
+from ckptguard.app.pipeline import ScanService
+from ckptguard.app.problems import problem
+from ckptguard.app.routes import health, scan, scans
+from ckptguard.app.settings import Settings
+from ckptguard.app.store import Store
+from ckptguard.app.uploads import sweep_stale
+from ckptguard.app.worker import WorkerLimits
+from ckptguard.core import __version__
 
 log = logging.getLogger("ckptguard.app")
 
@@ -60,7 +60,7 @@ class BodyLimit:
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > self.max_bytes:
-                    from app.problems import AppError
+                    from ckptguard.app.problems import AppError
 
                     raise AppError("PAYLOAD_TOO_LARGE", 413,
                                    f"the request body exceeds {self.max_bytes} bytes")
@@ -90,7 +90,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         metrics.watch_pool(lambda: jobs.queue_depth, lambda: jobs.busy)
         app.state.store, app.state.jobs = store, jobs
         app.state.scans = ScanService(settings, store, jobs, metrics)
-        from app.hub_jobs import HubRunner  # the model-hub webhook's durable jobs (app/README_HUB.md)
+        from ckptguard.app.hub.jobs import (
+            HubRunner,  # the model-hub webhook's durable jobs (app/README_HUB.md)
+        )
 
         app.state.hub = HubRunner(settings, store, jobs=jobs, metrics=metrics)
         await app.state.hub.start()
@@ -113,11 +115,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(scan.router)
     app.include_router(scans.router)
     app.include_router(health.router)
-    if importlib.util.find_spec("app.routes.remote") is not None:
-        from app.routes import remote  # POST /scan/url (the remote-loading engineer's router)
+    if importlib.util.find_spec("ckptguard.app.routes.remote") is not None:
+        from ckptguard.app.routes import remote  # POST /scan/url (the remote-loading engineer's router)
 
         app.include_router(remote.router, dependencies=[AuthDep])
-    from app.routes import hub  # POST /webhooks/huggingface, GET /hub/... (app/routes/hub.py)
+    from ckptguard.app.routes import hub  # POST /webhooks/huggingface, GET /hub/... (app/routes/hub.py)
 
     app.include_router(hub.router)
     return app

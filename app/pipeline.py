@@ -11,15 +11,15 @@ import logging
 import time
 from typing import Any, get_args
 
-from app.jobs import Jobs, PoolFull
-from app.metrics import Metrics
-from app.problems import AppError
-from app.settings import Settings
-from app.store import Store, StoredScan, policy_key
-from app.worker import Hook
-from core import __version__
-from core.errors import CkptError
-from core.report import POLICY
+from ckptguard.app.jobs import Jobs, PoolFull
+from ckptguard.app.metrics import Metrics
+from ckptguard.app.problems import AppError
+from ckptguard.app.settings import Settings
+from ckptguard.app.store import Store, StoredScan, policy_key
+from ckptguard.app.worker import Hook
+from ckptguard.core import __version__
+from ckptguard.core.errors import CkptError
+from ckptguard.core.report import POLICY
 
 log = logging.getLogger("ckptguard.scan")
 HOOKS: frozenset[str] = frozenset(get_args(Hook))

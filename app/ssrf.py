@@ -1,4 +1,4 @@
-"""The service's URL guard, built from settings (the policy itself is core.urlguard).
+"""The service's URL guard, built from settings (the policy itself is core.io.urlguard).
 
 Settings fields (env `CKPTGUARD_URL_ALLOW_PRIVATE`, `CKPTGUARD_URL_ALLOWLIST`):
 `url_allow_private: bool` and `url_allowlist: list[str]` (CIDRs or host names,
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from core.urlguard import UrlGuard
+from ckptguard.core.io.urlguard import UrlGuard
 
 
 def _entries(value: object) -> tuple[str, ...]:

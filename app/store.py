@@ -23,7 +23,7 @@ import sqlalchemy as sa
 from alembic import command
 from alembic.config import Config
 
-from app.tables import scans
+from ckptguard.app.tables import scans
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 MAX_PAGE = 500

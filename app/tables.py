@@ -33,7 +33,7 @@ scans = sa.Table(
     sa.Index("ix_scans_verdict", "verdict"),
 )
 
-# --- model-hub webhook jobs (app/hub_db.py) --------------------------------------------
+# --- model-hub webhook jobs (app/hub/db.py) --------------------------------------------
 # One job per (repo type, repo, revision); times that the runner compares in SQL
 # (lease, next attempt) are epoch seconds, portable across SQLite and PostgreSQL.
 hub_jobs = sa.Table(

@@ -22,7 +22,7 @@ from typing import Any, BinaryIO
 
 from python_multipart.multipart import MultipartParser, parse_options_header
 
-from app.problems import AppError
+from ckptguard.app.problems import AppError
 
 FIELD = "file"
 MAX_HEADER_BYTES = 16 * 1024    # per part: multipart headers are tiny in practice

@@ -30,7 +30,7 @@ class Job:
     hook: Hook | None = None              # tests only; ignored unless the pool allows hooks
     url: str | None = None                # scan over HTTP Range requests (core.loader.scan_url)
     headers: dict[str, str] | None = None
-    guard: Any = None                     # core.urlguard.UrlGuard (pickles; checks every hop)
+    guard: Any = None                     # core.io.urlguard.UrlGuard (pickles; checks every hop)
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,17 +72,17 @@ def _run_hook(hook: Hook, limits: WorkerLimits) -> None:
 
 
 def _scan(job: Job, limits: WorkerLimits) -> Reply:
-    from core.analysis import ScanOptions
-    from core.errors import CkptError, Code
-    from core.report import SourceInfo
-    from core.scan import scan_path
+    from ckptguard.core.errors import CkptError, Code
+    from ckptguard.core.report import SourceInfo
+    from ckptguard.core.scan import scan_path
+    from ckptguard.core.state import ScanOptions
 
     if job.hook is not None and limits.test_hooks:
         _run_hook(job.hook, limits)
     options = ScanOptions(allow=job.allow)
     try:
         if job.url is not None:
-            from core.loader import scan_url
+            from ckptguard.core.loader import scan_url
 
             report = scan_url(job.url, headers=job.headers, guard=job.guard, options=options)
         else:
@@ -96,7 +96,7 @@ def _scan(job: Job, limits: WorkerLimits) -> Reply:
 
 def main(conn: Connection, limits: WorkerLimits) -> None:
     """Worker loop: receive a Job, send a Reply; exit on None or a closed pipe."""
-    import core.scan  # noqa: F401  (warm imports before the address-space cap)
+    import ckptguard.core.scan  # noqa: F401  (warm imports before the address-space cap)
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when workers stop
     resource.setrlimit(resource.RLIMIT_AS, (limits.memory_bytes, limits.memory_bytes))

@@ -3,8 +3,8 @@
     python -m bench.manifest_bench [--file CKPT.pt] [--runs 7]
 
 Without --file the graph is synthetic (100k `_rebuild_tensor_v2` calls, distinct storages,
-as `core.vm` builds them); with --file, the data.pkl of a torch zip checkpoint is
-interpreted by core.vm first, and only build_manifest is
+as `core.pickle.vm` builds them); with --file, the data.pkl of a torch zip checkpoint is
+interpreted by core.pickle.vm first, and only build_manifest is
 timed. Locator: a precomputed dict, as core.formats.torch_zip passes.
 """
 
@@ -15,9 +15,9 @@ import time
 import zipfile
 from typing import Any
 
-from core.analysis import Analysis
-from core.tensors import StorageSite, build_manifest
-from core.values import Call, Global, PersId
+from ckptguard.core.manifest.build import StorageSite, build_manifest
+from ckptguard.core.state import Analysis
+from ckptguard.core.values import Call, Global, PersId
 
 
 class _Sites:
@@ -41,7 +41,7 @@ def synthetic(n: int) -> tuple[Any, _Sites]:
 
 
 def from_file(path: str) -> tuple[Any, _Sites]:
-    from core.vm import run_vm
+    from ckptguard.core.pickle.vm import run_vm
     with zipfile.ZipFile(path) as zf:
         prefix = zf.namelist()[0].split("/")[0]
         pkl = zf.read(f"{prefix}/data.pkl")

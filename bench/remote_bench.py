@@ -31,9 +31,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from core.http_source import HttpSource
-from core.scan import scan_source
-from core.urlguard import UrlGuard
+from ckptguard.core.io.http import HttpSource
+from ckptguard.core.io.urlguard import UrlGuard
+from ckptguard.core.scan import scan_source
 
 GUARD = UrlGuard(allowlist=("127.0.0.1",))
 

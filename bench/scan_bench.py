@@ -32,7 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from core.scan import scan_path
+from ckptguard.core.scan import scan_path
 
 
 def _best_interleaved(fns: dict[str, Callable[[], object]], repeat: int) -> dict[str, float]:

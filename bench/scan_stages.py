@@ -3,7 +3,7 @@
     python bench/scan_stages.py PATH.pt [--repeat N]
 
 First the full `scan_path` with the fast lane and with the lane switched off (the general
-path: core.formats.torch_zip), then the lane's stages (core.fastlane: archive columns,
+path: core.formats.torch_zip), then the lane's stages (core.lane.torch_zip: archive columns,
 opcode walk, C unpickler with stubs, storage and view columns, the manifest). The stages
 keep their results alive, so their sum is below `scan_path`, which also frees the value
 graph and pays one collector pass over the report's objects.
@@ -21,14 +21,14 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from core import fastlane
-from core.analysis import Analysis
-from core.fastload import load
-from core.fastzip import read_plain_archive
-from core.pickle_scan import allowed_checker
-from core.pickletoken import Decline, tokenize
-from core.scan import scan_path
-from core.source import FileSource
+from ckptguard.core.io.source import FileSource
+from ckptguard.core.judge import allowed_checker
+from ckptguard.core.lane import torch_zip as fastlane
+from ckptguard.core.pickle.fast.column_stubs import load
+from ckptguard.core.pickle.fast.tokenize import Decline, tokenize
+from ckptguard.core.scan import scan_path
+from ckptguard.core.state import Analysis
+from ckptguard.core.zip.columns import read_plain_archive
 
 
 def timed(label: str, fn: Callable[[], Any], repeat: int) -> Any:

@@ -2,7 +2,7 @@
 
     python bench/service_bench.py [--seconds S] [--clients 1,8,32] [--skip-big]
 
-Starts the real service (`python -m app`, uvicorn, default workers) on 127.0.0.1 with a
+Starts the real service (`python -m ckptguard.app`, uvicorn, default workers) on 127.0.0.1 with a
 fresh SQLite database, then:
   1. for each client count: clients POST a 1 MB torch checkpoint in a loop for S seconds;
      every request carries different bytes (a counter written into the tensor data), so
@@ -40,8 +40,8 @@ def checkpoint_1mb() -> tuple[bytes, int]:
     """A 1 MiB float32 torch checkpoint and the absolute offset of its tensor data."""
     import torch
 
-    from core.scan import scan_source
-    from core.source import BytesSource
+    from ckptguard.core.io.source import BytesSource
+    from ckptguard.core.scan import scan_source
 
     buf = io.BytesIO()
     torch.save({"weight": torch.randn(256, 1024)}, buf)

@@ -1,4 +1,4 @@
-"""Opcodes per second of the symbolic pickle VM (core/vm.py) on a torch state_dict data.pkl.
+"""Opcodes per second of the symbolic pickle VM (core/pickle/vm.py) on a torch state_dict data.pkl.
 
     python bench/vm_bench.py [--tensors 100000] [--repeat 5]
 
@@ -18,7 +18,7 @@ import zipfile
 from collections.abc import Callable
 from typing import Any
 
-from core.vm import run_vm
+from ckptguard.core.pickle.vm import run_vm
 
 
 def data_pkl(tensors: int) -> bytes:
@@ -58,7 +58,7 @@ def main() -> None:
     n = result.opcode_count
     print(f"data.pkl: {len(data):,} bytes, {n:,} opcodes, {args.tensors:,} tensors")
     for label, fn in [
-        ("core.vm.run_vm", lambda: run_vm(data)),
+        ("core.pickle.vm.run_vm", lambda: run_vm(data)),
         ("pickle._Unpickler (stubbed)", lambda: _Stubbed(io.BytesIO(data)).load()),
         ("pickletools.genops", lambda: sum(1 for _ in pickletools.genops(data))),
     ]:

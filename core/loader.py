@@ -23,13 +23,13 @@ from dataclasses import dataclass, field
 import ml_dtypes
 import numpy as np
 
-from core.analysis import ScanOptions
-from core.dtypes import ITEMSIZE, NUMPY_DTYPE
-from core.errors import CkptError, Code
-from core.report import Report, SourceInfo, StorageEntry, TensorEntry
-from core.source import ByteSource, FileSource
-from core.urlguard import UrlGuard
-from core.zipdir import parse_local_header, read_directory
+from ckptguard.core.errors import CkptError, Code
+from ckptguard.core.io.source import ByteSource, FileSource
+from ckptguard.core.io.urlguard import UrlGuard
+from ckptguard.core.report import Report, SourceInfo, StorageEntry, TensorEntry
+from ckptguard.core.state import ScanOptions
+from ckptguard.core.torch.dtypes import ITEMSIZE, NUMPY_DTYPE
+from ckptguard.core.zip.directory import parse_local_header, read_directory
 
 _ML_DTYPES = frozenset({"bfloat16", "float8_e5m2", "float8_e4m3fn", "float8_e5m2fnuz",
                         "float8_e4m3fnuz", "float8_e8m0fnu"})
@@ -220,12 +220,12 @@ def open_checkpoint(target: str, *, headers: Mapping[str, str] | None = None,
                     guard: UrlGuard | None = None, options: ScanOptions | None = None,
                     source: ByteSource | None = None) -> RemoteCheckpoint:
     """Scan a local path or http(s) URL and return it ready for tensor reads."""
-    from core.scan import scan_source  # the scan pipeline pulls in every format parser
+    from ckptguard.core.scan import scan_source  # the scan pipeline pulls in every format parser
 
     opts = options or ScanOptions()
     info: SourceInfo
     if source is None and is_url(target):
-        from core.http_source import HttpSource
+        from ckptguard.core.io.http import HttpSource
 
         source = HttpSource(target, headers=headers, guard=guard, limits=opts.limits)
         info = SourceInfo(kind="url", name=source.name, url=target, size=source.size)
@@ -253,8 +253,8 @@ def scan_url(url: str, *, headers: Mapping[str, str] | None = None, guard: UrlGu
     Raises SourceError (SOURCE_URL_REFUSED for the guard, SOURCE_HTTP/SOURCE_CHANGED/
     SOURCE_SHORT_READ for the server) when the bytes cannot be read; any bytes -> Report.
     """
-    from core.http_source import HttpSource
-    from core.scan import scan_source
+    from ckptguard.core.io.http import HttpSource
+    from ckptguard.core.scan import scan_source
 
     opts = options or ScanOptions()
     with HttpSource(url, headers=headers, guard=guard, limits=opts.limits) as source:

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple
 
-from core.errors import Code, Effect, Severity
+from ckptguard.core.errors import Code, Effect, Severity
 
 SCHEMA_VERSION = 1
 SCANNER_NAME = "ckptguard"
@@ -58,7 +58,7 @@ class GlobalEntry:
 
 class TensorEntry(NamedTuple):
     """One tensor of the manifest. A NamedTuple: a 100k-tensor report builds 100k of them,
-    and core.fastlane builds them in C (`tuple.__new__` over zipped columns) at a fraction
+    and core.lane.torch_zip builds them in C (`tuple.__new__` over zipped columns) at a fraction
     of a dataclass's cost."""
 
     name: str

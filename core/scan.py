@@ -6,7 +6,7 @@ bytes -> a Report). Only a `SourceError` (the bytes could not be read at all)
 propagates: there is nothing to judge then.
 
 Example:
-    >>> from core.source import BytesSource
+    >>> from ckptguard.core.io.source import BytesSource
     >>> scan_source(BytesSource(b"")).verdict
     'invalid'
 """
@@ -19,15 +19,15 @@ import os
 import time
 from typing import TYPE_CHECKING
 
-from core import __version__
-from core.analysis import Analysis, ScanOptions
-from core.errors import CkptError, Code, LimitExceeded, SourceError
-from core.report import FormatName, Report, SourceInfo, WeightsOnly, decide_verdict
-from core.sniff import HEAD_BYTES, Sniffed, sniff
-from core.source import ByteSource, FileSource
+from ckptguard.core import __version__
+from ckptguard.core.errors import CkptError, Code, LimitExceeded, SourceError
+from ckptguard.core.io.source import ByteSource, FileSource
+from ckptguard.core.report import FormatName, Report, SourceInfo, WeightsOnly, decide_verdict
+from ckptguard.core.sniff import HEAD_BYTES, Sniffed, sniff
+from ckptguard.core.state import Analysis, ScanOptions
 
 if TYPE_CHECKING:
-    from core.zipdir import ZipDirectory
+    from ckptguard.core.zip.directory import ZipDirectory
 
 log = logging.getLogger("ckptguard.scan")
 
@@ -111,22 +111,22 @@ def _dispatch(source: ByteSource, kind: Sniffed, an: Analysis) -> None:
     if kind.container == "zip":
         _analyze_zip(source, an, kind)
     elif kind.container == "pickle":
-        from core.formats import pickle_file
+        from ckptguard.core.formats import pickle_file
 
         an.format = "pickle"
         pickle_file.analyze(source, an)
     elif kind.container in ("torch-legacy", "torch-tar"):
-        from core.formats import torch_legacy
+        from ckptguard.core.formats import torch_legacy
 
         an.format = kind.container
         torch_legacy.analyze(source, an)
     elif kind.container == "numpy":
-        from core.formats import npy
+        from ckptguard.core.formats import npy
 
         an.format = "numpy"
         npy.analyze(source, an)
     elif kind.container == "safetensors":
-        from core.formats import safetensors
+        from ckptguard.core.formats import safetensors
 
         an.format = "safetensors"
         safetensors.analyze(source, an)
@@ -147,8 +147,8 @@ def _analyze_head_pickle(source: ByteSource, an: Analysis) -> None:
     byte 0: a file that parses as another format and also as a pickle importing something
     is a polyglot. The window grows only while the pickle runs past its end, so a real
     safetensors/NumPy file (whose first bytes stop any pickle at once) costs one small read."""
-    from core.threats import assess
-    from core.vm import DOTTED_NAME, run_vm
+    from ckptguard.core.pickle.vm import DOTTED_NAME, run_vm
+    from ckptguard.core.threats.assess import assess
 
     limits = an.options.limits
     window = min(source.size, _HEAD_WINDOW)
@@ -175,8 +175,8 @@ def _analyze_head_pickle(source: ByteSource, an: Analysis) -> None:
 
 def _analyze_polyglot_zip(source: ByteSource, an: Analysis) -> None:
     """A zip end record behind another format: torch reads the front, zip tools the back."""
-    from core.formats import torch_zip
-    from core.zipdir import read_directory
+    from ckptguard.core.formats import torch_zip
+    from ckptguard.core.zip.directory import read_directory
 
     try:
         directory = read_directory(source, an.options.limits)
@@ -188,8 +188,8 @@ def _analyze_polyglot_zip(source: ByteSource, an: Analysis) -> None:
 
 
 def _analyze_zip(source: ByteSource, an: Analysis, kind: Sniffed) -> None:
-    from core.fastlane import try_torch_zip
-    from core.zipdir import read_directory
+    from ckptguard.core.lane.torch_zip import try_torch_zip
+    from ckptguard.core.zip.directory import read_directory
 
     if try_torch_zip(source, an):   # a clean torch.save archive, proven in columns
         return
@@ -197,8 +197,8 @@ def _analyze_zip(source: ByteSource, an: Analysis, kind: Sniffed) -> None:
         directory = read_directory(source, an.options.limits)
     except CkptError as exc:
         if exc.code is Code.ZIP_NO_EOCD:   # torch.load opens it as a zip too, and fails
-            from core.formats.torch_zip import unreadable_zip_error
-            from core.pickle_scan import set_weights_only
+            from ckptguard.core.formats.torch_zip import unreadable_zip_error
+            from ckptguard.core.judge import set_weights_only
 
             set_weights_only(an, unreadable_zip_error(source.size), None)
         raise
@@ -208,19 +208,19 @@ def _analyze_zip(source: ByteSource, an: Analysis, kind: Sniffed) -> None:
     if an.format == "unknown":
         an.format = zip_kind
     if zip_kind in ("torch-zip", "torchscript"):
-        from core.formats import torch_zip
+        from ckptguard.core.formats import torch_zip
 
         torch_zip.analyze_zip(source, directory, an)
     elif zip_kind == "torch-export":
-        from core.formats import torch_export
+        from ckptguard.core.formats.export import archive as torch_export
 
         torch_export.analyze_zip(source, directory, an)
     elif zip_kind == "numpy-zip":
-        from core.formats import npy
+        from ckptguard.core.formats import npy
 
         npy.analyze_zip(source, directory, an)
     else:
-        from core.formats import torch_zip
+        from ckptguard.core.formats import torch_zip
 
         an.add(Code.FORMAT_UNKNOWN, "a zip archive that is not a known checkpoint layout")
         torch_zip.check_generic_zip(source, directory, an)

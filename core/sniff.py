@@ -77,7 +77,7 @@ def sniff(head: bytes, tail: bytes, size: int) -> Sniffed:
 
 
 def _is_tar(head: bytes) -> bool:
-    from core.formats.torch_tar import is_tar  # the tarfile.open emulation lives there
+    from ckptguard.core.formats.torch_tar import is_tar  # the tarfile.open emulation lives there
 
     return is_tar(head)
 

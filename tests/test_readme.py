@@ -24,7 +24,7 @@ def test_ci_runs_the_readme_test_command_verbatim() -> None:
 
 
 def test_readme_codes_table_equals_the_code_enum() -> None:
-    from core.cli import codes_markdown
+    from ckptguard.app.cli import codes_markdown
 
     text = (ROOT / "README.md").read_text()
     assert codes_markdown() in text, "regenerate with: ckptguard codes"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import context
 
-from app.tables import metadata
+from ckptguard.app.tables import metadata
 
 config = context.config
 
@@ -27,7 +27,7 @@ elif context.is_offline_mode():
     with context.begin_transaction():
         context.run_migrations()
 else:
-    from app.settings import Settings
+    from ckptguard.app.settings import Settings
 
     engine = sa.create_engine(Settings().resolved_database_url)
     with engine.connect() as conn:

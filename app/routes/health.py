@@ -7,10 +7,10 @@ from typing import Any
 
 from fastapi import APIRouter, Response
 
-from app.deps import AuthDep, JobsDep, MetricsDep, StoreDep
-from app.problems import AppError
-from core import __version__
-from core.report import POLICY
+from ckptguard.app.deps import AuthDep, JobsDep, MetricsDep, StoreDep
+from ckptguard.app.problems import AppError
+from ckptguard.core import __version__
+from ckptguard.core.report import POLICY
 
 router = APIRouter(tags=["health"])
 
@@ -28,6 +28,6 @@ async def healthz(store: StoreDep, jobs: JobsDep) -> dict[str, Any]:
 
 @router.get("/metrics", dependencies=[AuthDep])
 async def metrics(m: MetricsDep) -> Response:
-    from app.metrics import CONTENT_TYPE
+    from ckptguard.app.metrics import CONTENT_TYPE
 
     return Response(m.render(), media_type=CONTENT_TYPE)

@@ -1,6 +1,6 @@
 """Hub routes: POST /webhooks/huggingface, revision summaries, reconcile.
 
-The webhook authenticates with the hub's secret (app/hub.py); the other routes with
+The webhook authenticates with the hub's secret (app/hub/webhook.py); the other routes with
 the service's API keys like every other route. Work is queued, never done here.
 """
 
@@ -13,11 +13,19 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse
 
-from app.deps import AuthDep
-from app.hub import Target, accept, check_secret, parse_event, repo_type_of, summary, valid_repo
-from app.hub_jobs import HubRunner
-from app.problems import AppError
-from core.errors import SourceError
+from ckptguard.app.deps import AuthDep
+from ckptguard.app.hub.jobs import HubRunner
+from ckptguard.app.hub.webhook import (
+    Target,
+    accept,
+    check_secret,
+    parse_event,
+    repo_type_of,
+    summary,
+    valid_repo,
+)
+from ckptguard.app.problems import AppError
+from ckptguard.core.errors import SourceError
 
 router = APIRouter(tags=["hub"])
 

@@ -17,13 +17,13 @@ from fastapi import APIRouter, Request
 from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, Field
 
-from app.jobs import PoolFull
-from app.pipeline import queue_full
-from app.problems import AppError
-from app.ssrf import guard_from_settings
-from core.analysis import ScanOptions
-from core.errors import Code, LimitExceeded, SourceError
-from core.urlguard import UrlGuard
+from ckptguard.app.jobs import PoolFull
+from ckptguard.app.pipeline import queue_full
+from ckptguard.app.problems import AppError
+from ckptguard.app.ssrf import guard_from_settings
+from ckptguard.core.errors import Code, LimitExceeded, SourceError
+from ckptguard.core.io.urlguard import UrlGuard
+from ckptguard.core.state import ScanOptions
 
 router = APIRouter()
 
@@ -57,7 +57,7 @@ def _problem_for(exc: SourceError) -> AppError:
 
 def _scan_sync(url: str, headers: dict[str, str] | None, guard: UrlGuard,
                options: ScanOptions) -> dict[str, Any]:
-    from core.loader import scan_url
+    from ckptguard.core.loader import scan_url
 
     return scan_url(url, headers=headers, guard=guard, options=options).to_json()
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from app.deps import AuthDep, ScanServiceDep, SettingsDep
-from app.uploads import receive_upload
+from ckptguard.app.deps import AuthDep, ScanServiceDep, SettingsDep
+from ckptguard.app.uploads import receive_upload
 
 router = APIRouter(tags=["scan"], dependencies=[AuthDep])
 

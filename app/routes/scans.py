@@ -9,9 +9,9 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Query
 from fastapi.responses import JSONResponse
 
-from app.deps import AuthDep, StoreDep
-from app.problems import AppError
-from app.store import MAX_PAGE
+from ckptguard.app.deps import AuthDep, StoreDep
+from ckptguard.app.problems import AppError
+from ckptguard.app.store import MAX_PAGE
 
 router = APIRouter(tags=["scans"], dependencies=[AuthDep])
 

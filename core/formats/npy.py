@@ -7,7 +7,7 @@ exactly descr/fortran_order/shape, int shape, bool fortran_order, descr -> dtype
 numpy's own `descr_to_dtype` logic on the parsed literal: `numpy.dtype` builds a
 description, it never evaluates or imports). Plain arrays become a manifest entry with
 absolute offsets; object arrays (`dtype.hasobject`) carry a pickle that np.load refuses
-without allow_pickle: it goes through core.pickle_scan, never Python's pickle.
+without allow_pickle: it goes through core.judge, never Python's pickle.
 `.npz` members are scanned one by one: stored members in place (two small reads), deflated
 ones inflated under the byte cap (no absolute offsets then); their header bytes together are
 capped (`max_npy_headers_total`), so many wide headers cannot add up to a long scan.
@@ -25,13 +25,13 @@ from typing import Any
 
 import numpy as np
 
-from core.analysis import Analysis
-from core.errors import CkptError, Code, FormatError, LimitExceeded, SourceError
-from core.formats.pyliteral import LiteralError, parse_literal
-from core.report import TensorEntry, WeightsOnly
-from core.source import ByteSource, BytesSource, IoStats, check_span
-from core.zipcheck import check_archive
-from core.zipdir import LocalHeader, ZipDirectory, ZipEntry, read_local_headers, read_record
+from ckptguard.core.errors import CkptError, Code, FormatError, LimitExceeded, SourceError
+from ckptguard.core.formats.pyliteral import LiteralError, parse_literal
+from ckptguard.core.io.source import ByteSource, BytesSource, IoStats, check_span
+from ckptguard.core.report import TensorEntry, WeightsOnly
+from ckptguard.core.state import Analysis
+from ckptguard.core.zip.checks import check_archive
+from ckptguard.core.zip.directory import LocalHeader, ZipDirectory, ZipEntry, read_local_headers, read_record
 
 MAGIC = b"\x93NUMPY"
 HEAD_READ = 4096                    # one read covers numpy's usual 128-byte headers
@@ -270,7 +270,7 @@ def _strides(shape: tuple[int, ...], fortran: bool) -> list[int]:
 
 def _scan_object_pickle(source: ByteSource, an: Analysis, header: NpyHeader, *,
                         record: str | None, base: int | None) -> None:
-    from core.pickle_scan import scan_pickle
+    from ckptguard.core.judge import scan_pickle
 
     nbytes = source.size - header.data_pos
     limits = an.options.limits

@@ -7,10 +7,10 @@ users actually ask: would torch's restricted unpickler accept this pickle?
 
 from __future__ import annotations
 
-from core.analysis import Analysis
-from core.errors import Code, LimitExceeded
-from core.pickle_scan import scan_pickle, set_weights_only
-from core.source import ByteSource
+from ckptguard.core.errors import Code, LimitExceeded
+from ckptguard.core.io.source import ByteSource
+from ckptguard.core.judge import scan_pickle, set_weights_only
+from ckptguard.core.state import Analysis
 
 
 def analyze(source: ByteSource, an: Analysis) -> None:

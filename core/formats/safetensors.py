@@ -23,11 +23,11 @@ import struct
 from dataclasses import dataclass, field
 from typing import Any
 
-from core.analysis import Analysis
-from core.dtypes import SAFETENSORS_DTYPE
-from core.errors import Code, FormatError
-from core.report import TensorEntry, WeightsOnly
-from core.source import ByteSource
+from ckptguard.core.errors import Code, FormatError
+from ckptguard.core.io.source import ByteSource
+from ckptguard.core.report import TensorEntry, WeightsOnly
+from ckptguard.core.state import Analysis
+from ckptguard.core.torch.dtypes import SAFETENSORS_DTYPE
 
 MAX_HEADER_SIZE = 100_000_000          # safetensors: MAX_HEADER_SIZE
 SPECULATIVE_READ = 64 * 1024           # one read covers most headers

@@ -5,7 +5,7 @@ Strategy: torch reads five pickles back to back — magic number, protocol versi
 sys_info, the main object, the sorted storage-key list — then, per key in that list's
 order, an int64 LE element count and the storage's bytes. We read only the pickles
 region (a window that grows geometrically until each pickle reaches STOP), pass every
-pickle through `core.pickle_scan.scan_pickle` (weights-only emulation + VM + threats),
+pickle through `core.judge.scan_pickle` (weights-only emulation + VM + threats),
 and locate the storage blocks WITHOUT reading their data: offsets are predicted from the
 pids' sizes and all 8-byte counts are fetched with one `read_many`; a count that
 disagrees re-predicts from there. torch.load's weights_only outcome is replayed in its
@@ -19,19 +19,19 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
-from core.analysis import Analysis
-from core.dtypes import ITEMSIZE, storage_dtype
-from core.errors import Code, LimitExceeded
-from core.formats import torch_tar
-from core.formats.pickle_window import PickleWindow
-from core.names import torch_map
-from core.pickle_scan import PickleScan, scan_pickle, set_weights_only
-from core.source import ByteSource
-from core.tensors import SiteTable, StorageSite, build_manifest
-from core.threats import assess
-from core.values import Call, Global, PersId
-from core.vm import run_vm
-from core.weights_only import TorchError
+from ckptguard.core.errors import Code, LimitExceeded
+from ckptguard.core.formats import torch_tar
+from ckptguard.core.io.source import ByteSource
+from ckptguard.core.judge import PickleScan, scan_pickle, set_weights_only
+from ckptguard.core.manifest.build import SiteTable, StorageSite, build_manifest
+from ckptguard.core.pickle.renames import torch_map
+from ckptguard.core.pickle.vm import run_vm
+from ckptguard.core.pickle.window import PickleWindow
+from ckptguard.core.state import Analysis
+from ckptguard.core.threats.assess import assess
+from ckptguard.core.torch.dtypes import ITEMSIZE, storage_dtype
+from ckptguard.core.torch.weights_only import TorchError
+from ckptguard.core.values import Call, Global, PersId
 
 MAGIC_NUMBER = 0x1950A86A20F9469CFC6C
 PROTOCOL_VERSION = 1001

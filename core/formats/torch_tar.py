@@ -15,16 +15,16 @@ import re
 import struct
 from dataclasses import dataclass
 
-from core.analysis import Analysis
-from core.dtypes import ITEMSIZE, storage_dtype
-from core.errors import Code, LimitExceeded
-from core.formats.pickle_window import PickleWindow
-from core.names import torch_map
-from core.pickle_scan import scan_pickle
-from core.report import WeightsOnly
-from core.source import ByteSource
-from core.values import Global
-from core.weights_only import UNSAFE_MESSAGE
+from ckptguard.core.errors import Code, LimitExceeded
+from ckptguard.core.io.source import ByteSource
+from ckptguard.core.judge import scan_pickle
+from ckptguard.core.pickle.renames import torch_map
+from ckptguard.core.pickle.window import PickleWindow
+from ckptguard.core.report import WeightsOnly
+from ckptguard.core.state import Analysis
+from ckptguard.core.torch.dtypes import ITEMSIZE, storage_dtype
+from ckptguard.core.torch.weights_only import UNSAFE_MESSAGE
+from ckptguard.core.values import Global
 
 BLOCK = 512
 TAR_ERROR = ("Cannot use ``weights_only=True`` with files saved in the legacy .tar format. "

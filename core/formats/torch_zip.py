@@ -1,10 +1,10 @@
 """torch.save zip checkpoints (and TorchScript archives) — FORMATS.md §1-§3.
 
-Strategy: read the central directory once (core.zipdir), the local headers we need,
+Strategy: read the central directory once (core.zip.directory), the local headers we need,
 and the small metadata records together; replay torch.load's container checks in
 torch's order (version record, subdirectory rule, TorchScript, byteorder, alignment,
-data.pkl), then the pickle (core.pickle_scan). Storage offsets come from the pickle
-order with the `calculate_storage_offsets` chain (core.offsets) and are cross-checked
+data.pkl), then the pickle (core.judge). Storage offsets come from the pickle
+order with the `calculate_storage_offsets` chain (core.zip.offsets) and are cross-checked
 against the zip headers; the weights themselves are never read.
 """
 
@@ -15,18 +15,25 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from core.analysis import Analysis
-from core.dtypes import ITEMSIZE, storage_dtype
-from core.errors import CkptError, Code
-from core.names import torch_map
-from core.offsets import chain_storage_offsets, verify_chain
-from core.pickle_scan import scan_pickle, set_weights_only
-from core.source import ByteSource
-from core.tensors import SiteTable, StorageSite, build_manifest
-from core.values import Global, PersId
-from core.weights_only import TorchError
-from core.zipcheck import check_archive, verify_crcs
-from core.zipdir import EOCD_SIZE, LocalHeader, ZipDirectory, ZipEntry, read_local_headers, read_record
+from ckptguard.core.errors import CkptError, Code
+from ckptguard.core.io.source import ByteSource
+from ckptguard.core.judge import scan_pickle, set_weights_only
+from ckptguard.core.manifest.build import SiteTable, StorageSite, build_manifest
+from ckptguard.core.pickle.renames import torch_map
+from ckptguard.core.state import Analysis
+from ckptguard.core.torch.dtypes import ITEMSIZE, storage_dtype
+from ckptguard.core.torch.weights_only import TorchError
+from ckptguard.core.values import Global, PersId
+from ckptguard.core.zip.checks import check_archive, verify_crcs
+from ckptguard.core.zip.directory import (
+    EOCD_SIZE,
+    LocalHeader,
+    ZipDirectory,
+    ZipEntry,
+    read_local_headers,
+    read_record,
+)
+from ckptguard.core.zip.offsets import chain_storage_offsets, verify_chain
 
 _MINIZ_HINT = (". This is an internal miniz error. If you are seeing this error, there is a high "
                "likelihood that your checkpoint file is corrupted. This can happen if the checkpoint "

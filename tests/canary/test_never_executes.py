@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from core.scan import scan_path
+from ckptguard.core.scan import scan_path
 from tests.core.legacy.conftest import stream
 from tests.pickle_asm import asm
 

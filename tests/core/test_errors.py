@@ -2,8 +2,8 @@ import pickle
 
 import pytest
 
-from core.errors import CkptError, Code, Effect, FormatError, LimitExceeded, SourceError
-from core.report import Finding, decide_verdict
+from ckptguard.core.errors import CkptError, Code, Effect, FormatError, LimitExceeded, SourceError
+from ckptguard.core.report import Finding, decide_verdict
 
 
 @pytest.mark.parametrize("cls", [CkptError, SourceError, FormatError, LimitExceeded])

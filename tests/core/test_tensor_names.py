@@ -1,6 +1,6 @@
-"""Names of dict keys that are not plain data (core.tensors.segment / key_text).
+"""Names of dict keys that are not plain data (core.manifest.build.segment / key_text).
 
-The rule (core/tensors.py, "names of keys"): a key's segment is what a user writes to index
+The rule (core/manifest/build.py, "names of keys"): a key's segment is what a user writes to index
 the loaded object — `str`/`int` as is, `bytes` decoded latin-1, anything else `repr()` of
 the object torch would build, computed from the value graph; never a node's own repr (which
 holds a file offset). tests/differential/test_manifest_vs_torch.py checks the same rule
@@ -17,10 +17,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from core.analysis import Analysis
-from core.fastpath import GlobalStub, StubMeta
-from core.tensors import NoStorages, build_manifest, key_text, segment
-from core.values import Buffer, Call, ExtRef, Global, PersId, Unhashable
+from ckptguard.core.manifest.build import NoStorages, build_manifest, key_text, segment
+from ckptguard.core.pickle.fast.stubs import GlobalStub, StubMeta
+from ckptguard.core.state import Analysis
+from ckptguard.core.values import Buffer, Call, ExtRef, Global, PersId, Unhashable
 
 V2 = Global("torch._utils", "_rebuild_tensor_v2")
 OD = Global("collections", "OrderedDict")
@@ -53,7 +53,7 @@ def repr_id(v: Any) -> str:
     return repr(v)[:20]
 
 
-# ---- plain keys: unchanged (core.fastlane relies on them) -------------------------------------------
+# ---- plain keys: unchanged (core.lane.torch_zip relies on them) -------------------------------------------
 
 
 @pytest.mark.parametrize(("key", "want"), [

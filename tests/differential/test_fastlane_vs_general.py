@@ -1,4 +1,4 @@
-"""The fast lane (core.fastlane) gives exactly the general path's report, or declines.
+"""The fast lane (core.lane.torch_zip) gives exactly the general path's report, or declines.
 
 Every torch-written checkpoint of the corpus is scanned twice: as shipped (the lane takes
 what it can prove clean) and with the lane switched off. The reports must be equal in
@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
-from core import fastlane
-from core.analysis import Analysis
-from core.scan import scan_path
-from core.source import FileSource
+from ckptguard.core.io.source import FileSource
+from ckptguard.core.lane import torch_zip as fastlane
+from ckptguard.core.scan import scan_path
+from ckptguard.core.state import Analysis
 from tests.engine import needs_sound_re
 from tests.fixtures.generate import Case
 

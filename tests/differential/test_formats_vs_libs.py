@@ -21,12 +21,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from core.analysis import Analysis
-from core.errors import CkptError, Effect
-from core.formats import npy as npy_fmt
-from core.formats import safetensors as st_fmt
-from core.scan import scan_source
-from core.source import BytesSource
+from ckptguard.core.errors import CkptError, Effect
+from ckptguard.core.formats import npy as npy_fmt
+from ckptguard.core.formats import safetensors as st_fmt
+from ckptguard.core.io.source import BytesSource
+from ckptguard.core.scan import scan_source
+from ckptguard.core.state import Analysis
 from tests.core.formats.fmt_cases import (
     npy_library_files,
     npy_raw,

@@ -2,8 +2,8 @@
 
 Two routes to a manifest, both compared with `torch.load(path, weights_only=False)` (the
 fixtures are ours, so executing them here is fine):
-- `graph`: core.vm.run_vm on the pickle + a locator built here from zipfile / the legacy
-  stream layout + core.tensors.build_manifest — tests the manifest module alone;
+- `graph`: core.pickle.vm.run_vm on the pickle + a locator built here from zipfile / the legacy
+  stream layout + core.manifest.build.build_manifest — tests the manifest module alone;
 - `scan`: core.scan.scan_path, the whole pipeline.
 Same tensor paths, dtypes, shapes, strides, storage offsets, requires_grad, kinds, and the
 file bytes at [data_offset, data_offset + nbytes) equal the loaded tensor's storage span.
@@ -20,13 +20,13 @@ from typing import Any
 import numpy as np
 import pytest
 
-from core.analysis import Analysis
-from core.dtypes import ITEMSIZE, storage_dtype
-from core.report import StorageEntry, TensorEntry
-from core.scan import scan_path
-from core.tensors import StorageSite, build_manifest
-from core.values import Global
-from core.vm import run_vm
+from ckptguard.core.manifest.build import StorageSite, build_manifest
+from ckptguard.core.pickle.vm import run_vm
+from ckptguard.core.report import StorageEntry, TensorEntry
+from ckptguard.core.scan import scan_path
+from ckptguard.core.state import Analysis
+from ckptguard.core.torch.dtypes import ITEMSIZE, storage_dtype
+from ckptguard.core.values import Global
 from tests.fixtures.generate import Case, catalogue
 
 torch = pytest.importorskip("torch")
@@ -147,7 +147,7 @@ _COMPONENTS = {
 
 
 def flatten(obj: Any) -> dict[tuple[Any, ...], tuple[Any, bool]]:
-    """path -> (tensor or storage, is_component), in the manifest's convention (core/tensors.py)."""
+    """path -> (tensor or storage, is_component), in the manifest's convention (core/manifest/build.py)."""
     out: dict[tuple[Any, ...], tuple[Any, bool]] = {}
     stack: list[tuple[tuple[Any, ...], Any, bool]] = [((), obj, False)]
     seen: set[int] = set()
@@ -346,7 +346,7 @@ def _torch_weights_only_loads(path: Path) -> bool:
     return True
 
 
-# Scan disagrees with torch here (core.torch_rebuild, not the manifest); strict: a fix makes these XPASS.
+# Scan disagrees with torch here (core.torch.callables, not the manifest); strict: a fix makes these XPASS.
 _WO_GAPS = {
     "nested": "_rebuild_nested_tensor not modelled",
     "nested-int": "_rebuild_nested_tensor not modelled",
@@ -367,7 +367,7 @@ def test_weights_only_flag_and_scan_agree_with_torch(torch_corpus: dict[str, Cas
     assert report.weights_only.loadable == loads, report.weights_only
 
 
-# ---- keys that are not plain data (core.tensors.segment): torch-written, named by `_key` ------------
+# ---- keys that are not plain data (core.manifest.build.segment): torch-written, named by `_key` ------------
 
 
 def _key_cases() -> dict[str, Any]:

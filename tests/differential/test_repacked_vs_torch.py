@@ -15,9 +15,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from core.loader import open_checkpoint
-from core.scan import scan_path
-from core.urlguard import UrlGuard
+from ckptguard.core.io.urlguard import UrlGuard
+from ckptguard.core.loader import open_checkpoint
+from ckptguard.core.scan import scan_path
 from tests.rangeserver import RangeServer
 
 torch = pytest.importorskip("torch")
@@ -92,7 +92,7 @@ def test_a_shifted_local_header_is_read_as_torch_reads_it_or_refused(tmp_path: P
     later than the calculated offset. A local scan reads every local header and serves
     torch's bytes; a remote read checks the record's local header and refuses the tensor
     rather than serve other bytes than torch's."""
-    from core.loader import TensorUnreadable
+    from ckptguard.core.loader import TensorUnreadable
 
     original = tmp_path / "original.pt"
     torch.save({"a": torch.arange(4.0), "b": torch.arange(100.0, 140.0)}, original)

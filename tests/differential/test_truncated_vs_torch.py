@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from core.scan import scan_path
+from ckptguard.core.scan import scan_path
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.torch

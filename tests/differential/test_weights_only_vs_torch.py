@@ -1,4 +1,4 @@
-"""core.weights_only vs real torch 2.13 (the oracle), on hand-made and torch.save'd pickles.
+"""core.torch.weights_only vs real torch 2.13 (the oracle), on hand-made and torch.save'd pickles.
 
 Every case is written as a torch zip, loaded by `torch.load(path, weights_only=True)` in
 one fresh subprocess (the emulated baseline, FORMATS.md §3.2), and emulated. They must
@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 
-from core.analysis import ScanOptions
-from core.dtypes import ITEMSIZE, STORAGE_DTYPE
-from core.scan import scan_path
-from core.weights_only import TorchError, emulate, unsafe_globals
+from ckptguard.core.scan import scan_path
+from ckptguard.core.state import ScanOptions
+from ckptguard.core.torch.dtypes import ITEMSIZE, STORAGE_DTYPE
+from ckptguard.core.torch.weights_only import TorchError, emulate, unsafe_globals
 from tests.core.fastlane.torchlayout import torch_layout
 from tests.core.weights_only.cases import CASES, Case, Items, call, g, i, ints, od, pid, pk, s, v2
 from tests.core.weights_only.oracle import run_oracle, write_zip, zip_records
@@ -335,7 +335,7 @@ def test_scan_matches_torch_load_on_requires_grad(oracle: dict[str, Any], name: 
 
 def test_baseline_user_globals_match_fresh_import(tmp_path: Path) -> None:
     """A fresh `import torch` puts exactly BASELINE_USER_GLOBALS in the user safe set (§3.2)."""
-    from core.weights_only import BASELINE_USER_GLOBALS
+    from ckptguard.core.torch.weights_only import BASELINE_USER_GLOBALS
 
     [res] = run_oracle([{"path": "", "mode": "baseline"}], tmp_path)
     assert res["ok"] and set(res["globals"]) == BASELINE_USER_GLOBALS
@@ -345,7 +345,7 @@ def test_tensor_descriptor_list_matches_torch() -> None:
     """setattr on these is not a plain store; the emulator refuses to model it."""
     import inspect
 
-    from core.torch_rebuild import TENSOR_DESCRIPTORS
+    from ckptguard.core.torch.callables import TENSOR_DESCRIPTORS
 
     names = set()
     for cls in (torch.Tensor, torch.nn.Parameter):
@@ -359,8 +359,8 @@ def test_tensor_descriptor_list_matches_torch() -> None:
 def test_allowed_globals_match_torch() -> None:
     from torch._weights_only_unpickler import _get_allowed_globals
 
-    from core.torch_rebuild import global_kind
-    from core.weights_only import ALLOWED_GLOBALS
+    from ckptguard.core.torch.callables import global_kind
+    from ckptguard.core.torch.weights_only import ALLOWED_GLOBALS
 
     allowed = _get_allowed_globals()
     assert set(allowed) == ALLOWED_GLOBALS
@@ -605,7 +605,7 @@ def _random_call(rng: Any) -> bytes:
 
 @pytest.mark.slow
 def test_random_calls_match_torch(tmp_path: Path) -> None:
-    """Allowlisted callables with random arguments: the models of core.torch_rebuild."""
+    """Allowlisted callables with random arguments: the models of core.torch.callables."""
     import random
 
     rng = random.Random(5)

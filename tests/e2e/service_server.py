@@ -1,4 +1,4 @@
-"""Start the real service (`python -m app`, uvicorn) on 127.0.0.1:<free port> for e2e tests."""
+"""Start the real service (`python -m ckptguard.app`, uvicorn) on 127.0.0.1:<free port> for e2e tests."""
 
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ def running_server(data_dir: Path, **env: str) -> Iterator[Server]:
     data_dir.mkdir(parents=True, exist_ok=True)
     log = data_dir / f"server-{port}.log"
     with log.open("wb") as out:
-        process = subprocess.Popen([sys.executable, "-m", "app"], cwd=ROOT, env=full,
+        process = subprocess.Popen([sys.executable, "-m", "ckptguard.app"], cwd=ROOT, env=full,
                                    stdout=out, stderr=subprocess.STDOUT)
     server = Server(f"http://127.0.0.1:{port}", process, log)
     try:

@@ -14,13 +14,13 @@ from typing import Any
 import numpy as np
 import pytest
 
-from core.errors import CkptError
-from core.http_source import HttpSource
-from core.loader import open_checkpoint
-from core.report import Report, SourceInfo
-from core.scan import scan_source
-from core.source import BytesSource
-from core.urlguard import UrlGuard
+from ckptguard.core.errors import CkptError
+from ckptguard.core.io.http import HttpSource
+from ckptguard.core.io.source import BytesSource
+from ckptguard.core.io.urlguard import UrlGuard
+from ckptguard.core.loader import open_checkpoint
+from ckptguard.core.report import Report, SourceInfo
+from ckptguard.core.scan import scan_source
 from tests.rangeserver import RangeServer
 
 torch = pytest.importorskip("torch")
@@ -142,7 +142,7 @@ def test_open_checkpoint_over_http_matches_torch(srv, files) -> None:
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "core.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "ckptguard.app.cli", *args], capture_output=True, text=True,
                           timeout=120, cwd=Path(__file__).resolve().parents[2])
 
 

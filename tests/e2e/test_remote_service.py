@@ -10,12 +10,12 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from app.problems import install
-from app.routes.remote import router
-from app.ssrf import guard_from_settings
-from core.scan import scan_source
-from core.source import BytesSource
-from core.urlguard import UrlGuard
+from ckptguard.app.problems import install
+from ckptguard.app.routes.remote import router
+from ckptguard.app.ssrf import guard_from_settings
+from ckptguard.core.io.source import BytesSource
+from ckptguard.core.io.urlguard import UrlGuard
+from ckptguard.core.scan import scan_source
 from tests.rangeserver import RangeServer
 
 torch = pytest.importorskip("torch")

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from app.main import create_app
-from app.settings import Settings
+from ckptguard.app.main import create_app
+from ckptguard.app.settings import Settings
 from tests.hub.checkpoints import REPO, REV_A, REV_B, revision_a, revision_b
 from tests.hub.fakehub import FakeHub
 

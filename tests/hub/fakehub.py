@@ -1,4 +1,4 @@
-"""A fake model hub on 127.0.0.1: the endpoints app/hub_client.py uses, as the real Hub answers.
+"""A fake model hub on 127.0.0.1: the endpoints app/hub/client.py uses, as the real Hub answers.
 
 - `GET /api/{models|datasets}/{repo}/tree/{rev}?recursive=true&expand=true`: JSON entries
   (`type`, `path`, `size`, `oid`, `lfs: {oid, size, pointerSize}` for large files),

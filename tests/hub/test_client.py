@@ -1,13 +1,13 @@
-"""app/hub_client.py against the fake hub: listing, URL encoding, redirects, auth, sniffing."""
+"""app/hub/client.py against the fake hub: listing, URL encoding, redirects, auth, sniffing."""
 
 from __future__ import annotations
 
 import pytest
 
-from app.hub_client import HubClient, scan_remote_file
-from core.analysis import ScanOptions
-from core.errors import SourceError
-from core.urlguard import UrlGuard
+from ckptguard.app.hub.client import HubClient, scan_remote_file
+from ckptguard.core.errors import SourceError
+from ckptguard.core.io.urlguard import UrlGuard
+from ckptguard.core.state import ScanOptions
 from tests.hub.checkpoints import REPO, REV_A, REV_B
 from tests.hub.fakehub import FakeHub, sha256
 

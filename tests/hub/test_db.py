@@ -1,4 +1,4 @@
-"""app/hub_db.py's state machine and app/hub_jobs.py's lease handling, on a real SQLite store."""
+"""app/hub/db.py's state machine and app/hub/jobs.py's lease handling, on a real SQLite store."""
 
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ from typing import Any
 
 import pytest
 
-from app.hub_client import FileScan, TreeFile
-from app.hub_db import HubDb, worst
-from app.hub_jobs import HubRunner
-from app.settings import Settings
-from app.store import Store
-from app.tables import hub_jobs
+from ckptguard.app.hub.client import FileScan, TreeFile
+from ckptguard.app.hub.db import HubDb, worst
+from ckptguard.app.hub.jobs import HubRunner
+from ckptguard.app.settings import Settings
+from ckptguard.app.store import Store
+from ckptguard.app.tables import hub_jobs
 from tests.hub.fakehub import FakeHub
 
 SHA = "ab" * 20

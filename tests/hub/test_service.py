@@ -12,8 +12,8 @@ import pytest
 import sqlalchemy as sa
 from fastapi.testclient import TestClient
 
-from app.notify import SIGNATURE_HEADER, verify
-from app.tables import hub_jobs
+from ckptguard.app.notify import SIGNATURE_HEADER, verify
+from ckptguard.app.tables import hub_jobs
 from tests.hub.checkpoints import EXPECTED_A, REPO, REV_A, REV_B
 from tests.hub.conftest import SECRET, by_path, deliver, payload, wait_done
 from tests.hub.fakehub import FakeHub, blob_path

@@ -1,4 +1,4 @@
-"""app/hub.py: the secret check and the payload parser (examples + a property test)."""
+"""app/hub/webhook.py: the secret check and the payload parser (examples + a property test)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.hub import Target, check_secret, parse_event, valid_repo
-from app.problems import AppError
+from ckptguard.app.hub.webhook import Target, check_secret, parse_event, valid_repo
+from ckptguard.app.problems import AppError
 from tests.hub.conftest import payload
 
 SHA = "c3" * 20

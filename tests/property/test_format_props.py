@@ -19,12 +19,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from core.analysis import Analysis
-from core.errors import CkptError, Code
-from core.formats import npy, safetensors
-from core.formats.pyliteral import LiteralError, parse_literal
-from core.scan import scan_source
-from core.source import BytesSource
+from ckptguard.core.errors import CkptError, Code
+from ckptguard.core.formats import npy, safetensors
+from ckptguard.core.formats.pyliteral import LiteralError, parse_literal
+from ckptguard.core.io.source import BytesSource
+from ckptguard.core.scan import scan_source
+from ckptguard.core.state import Analysis
 from tests.core.formats.fmt_cases import (
     npy_bytes,
     npy_library_files,

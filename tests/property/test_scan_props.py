@@ -9,9 +9,9 @@ from io import BytesIO
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from core.report import Report
-from core.scan import scan_source
-from core.source import BytesSource
+from ckptguard.core.io.source import BytesSource
+from ckptguard.core.report import Report
+from ckptguard.core.scan import scan_source
 
 
 def _torchlike_zip() -> bytes:

@@ -1,4 +1,4 @@
-"""Property tests of core.vm.run_vm: any bytes -> a result, never an exception, bounded work."""
+"""Property tests of core.pickle.vm.run_vm: any bytes -> a result, never an exception, bounded work."""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from core.errors import FormatError, LimitExceeded
-from core.limits import DEFAULT_LIMITS
-from core.opcodes import BY_NAME
-from core.vm import VmResult, run_vm
+from ckptguard.core.errors import FormatError, LimitExceeded
+from ckptguard.core.limits import DEFAULT_LIMITS
+from ckptguard.core.pickle.opcodes import BY_NAME
+from ckptguard.core.pickle.vm import VmResult, run_vm
 from tests.pickle_asm import asm
 
 SMALL = dataclasses.replace(DEFAULT_LIMITS, max_opcodes=20_000, max_str_bytes=1 << 20, max_depth=500,
@@ -221,7 +221,7 @@ def test_random_programs_agree_with_pickle_py(items: list[Any]) -> None:
 
 def _equal_loose(a: Any, b: Any) -> bool:
     """Equality that tolerates NaN, identical shared/cyclic containers, and Unhashable keys."""
-    from core.values import Unhashable
+    from ckptguard.core.values import Unhashable
 
     todo = [(a, b)]
     seen: set[tuple[int, int]] = set()

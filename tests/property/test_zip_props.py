@@ -1,4 +1,4 @@
-"""Property tests for core.zipdir / core.zipcheck / core.offsets.
+"""Property tests for core.zip.directory / core.zip.checks / core.zip.offsets.
 
 * mutated or truncated real torch zips: the zip layer returns or raises CkptError, never
   anything else, and never hangs (every count is bounded before use);
@@ -16,13 +16,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from core.analysis import Analysis
-from core.errors import CkptError
-from core.limits import Limits
-from core.offsets import chain_storage_offsets, record_data_offset, verify_chain
-from core.source import BytesSource
-from core.zipcheck import check_archive, verify_crcs
-from core.zipdir import read_directory, read_local_headers, read_record
+from ckptguard.core.errors import CkptError
+from ckptguard.core.io.source import BytesSource
+from ckptguard.core.limits import Limits
+from ckptguard.core.state import Analysis
+from ckptguard.core.zip.checks import check_archive, verify_crcs
+from ckptguard.core.zip.directory import read_directory, read_local_headers, read_record
+from ckptguard.core.zip.offsets import chain_storage_offsets, record_data_offset, verify_chain
 from tests.core.zip.zipbuild import Member, build_zip, write_torch_like
 
 SMALL_LIMITS = Limits(max_zip_entries=10_000, max_central_dir_bytes=1 << 20)

@@ -9,10 +9,10 @@ import pytest
 
 @pytest.fixture
 def judge() -> Callable[..., object]:
-    from core.analysis import Analysis, ScanOptions
-    from core.report import decide_verdict
-    from core.threats import assess
-    from core.vm import run_vm
+    from ckptguard.core.pickle.vm import run_vm
+    from ckptguard.core.report import decide_verdict
+    from ckptguard.core.state import Analysis, ScanOptions
+    from ckptguard.core.threats.assess import assess
 
     def run(data: bytes, *, allow: frozenset[str] = frozenset()) -> tuple[Analysis, str]:
         an = Analysis(ScanOptions(allow=allow))

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from core.errors import Code
-from core.scan import scan_path
+from ckptguard.core.errors import Code
+from ckptguard.core.scan import scan_path
 from tests.core.legacy.conftest import assert_same_outcome
 from tests.core.legacy.test_torch_tar import EVIL, base_members, legacy_tar
 from tests.pickle_asm import asm

@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from core.scan import scan_source
-from core.source import BytesSource
+from ckptguard.core.io.source import BytesSource
+from ckptguard.core.scan import scan_source
 
 pytestmark = [pytest.mark.torch, pytest.mark.filterwarnings("ignore::UserWarning")]
 

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from core.analysis import ScanOptions
-from core.scan import scan_path
+from ckptguard.core.scan import scan_path
+from ckptguard.core.state import ScanOptions
 
 torch = pytest.importorskip("torch")
 np = pytest.importorskip("numpy")

@@ -19,11 +19,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from core import fastlane, fastload, fastpath, pickle_scan
-from core.pickletoken import Decline
-from core.report import Report
-from core.scan import scan_path, scan_source
-from core.source import BytesSource
+from ckptguard.core import judge as pickle_scan
+from ckptguard.core.io.source import BytesSource
+from ckptguard.core.lane import torch_zip as fastlane
+from ckptguard.core.pickle.fast import column_stubs as fastload
+from ckptguard.core.pickle.fast import stubs as fastpath
+from ckptguard.core.pickle.fast.tokenize import Decline
+from ckptguard.core.report import Report
+from ckptguard.core.scan import scan_path, scan_source
 from tests.core.fastlane.torchlayout import torch_layout
 from tests.engine import needs_sound_re
 
@@ -90,7 +93,7 @@ def test_a_tuple_dag_key_is_judged_in_linear_time() -> None:
     """((x, x), (x, x)) ... 60 levels through the memo: 2**60 paths, 60 distinct tuples.
     The exact interpreter's hashability check walks each tuple once (run in a subprocess so
     a regression fails on the timeout instead of hanging the suite)."""
-    code = ("from core.torch_rebuild import hash_error\n"
+    code = ("from core.torch.callables import hash_error\n"
             "t = (1,)\nfor _ in range(60): t = (t, t)\nprint(hash_error(t, None))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=60, check=True, cwd=Path(__file__).resolve().parents[2])
@@ -442,8 +445,8 @@ def test_a_legacy_stream_of_wrong_counts_is_located_in_linear_time(tmp_path: Pat
 
 def test_pickles_after_stop_share_one_opcode_budget() -> None:
     """Each pickle after STOP had the whole opcode cap: 16 of them ran 17x the cap."""
-    from core.analysis import ScanOptions
-    from core.limits import Limits
+    from ckptguard.core.limits import Limits
+    from ckptguard.core.state import ScanOptions
 
     trailing = b"\x80\x02" + b"N0" * 300 + b"N."            # ~600 opcodes each
     data = b"\x80\x02N." + trailing * 3

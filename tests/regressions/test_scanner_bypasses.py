@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from core.errors import Code
+from ckptguard.core.errors import Code
 from tests.pickle_asm import asm
 
 

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from app.main import create_app
-from app.settings import Settings
+from ckptguard.app.main import create_app
+from ckptguard.app.settings import Settings
 
 MakeClient = Callable[..., TestClient]
 

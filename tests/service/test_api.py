@@ -189,7 +189,7 @@ def test_api_keys(make_client) -> None:
 def test_short_api_keys_are_refused() -> None:
     from pydantic import ValidationError
 
-    from app.settings import Settings
+    from ckptguard.app.settings import Settings
 
     with pytest.raises(ValidationError):
         Settings(api_keys="short")

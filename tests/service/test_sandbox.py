@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from app.jobs import Jobs
-from app.worker import WorkerLimits
-from core.errors import Code, SourceError
+from ckptguard.app.jobs import Jobs
+from ckptguard.app.worker import WorkerLimits
+from ckptguard.core.errors import Code, SourceError
 from tests.service.conftest import codes, stream_upload, upload
 from tests.service.payloads import benign_pickle, big_pickle_chunks, malicious_pickle, nonce
 
@@ -169,7 +169,7 @@ def test_full_queue_refuses_uploads_with_503_then_recovers(make_client) -> None:
 
 
 def test_pool_refuses_only_callers_that_may_not_wait(tmp_path: Path) -> None:
-    from app.jobs import PoolFull
+    from ckptguard.app.jobs import PoolFull
 
     async def run() -> None:
         jobs = await _one_worker(max_queued=0)

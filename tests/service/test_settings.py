@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from app.settings import Settings
+from ckptguard.app.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -14,8 +14,8 @@ from alembic.config import Config
 from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
 
-from app.store import MIGRATIONS, Store, decode_cursor, encode_cursor, policy_key
-from app.tables import metadata
+from ckptguard.app.store import MIGRATIONS, Store, decode_cursor, encode_cursor, policy_key
+from ckptguard.app.tables import metadata
 
 PG_URL = os.environ.get("CKPTGUARD_TEST_POSTGRES_URL")
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from app.problems import AppError
-from app.uploads import clean_filename, receive_upload
+from ckptguard.app.problems import AppError
+from ckptguard.app.uploads import clean_filename, receive_upload
 from tests.service.conftest import BOUNDARY, multipart_chunks
 
 CTYPE = f"multipart/form-data; boundary={BOUNDARY}"
@@ -75,7 +75,7 @@ def test_clean_filename(raw: str, clean: str | None) -> None:
 
 
 def test_sweep_stale_removes_only_old_upload_files(tmp_path: Path) -> None:
-    from app.uploads import sweep_stale
+    from ckptguard.app.uploads import sweep_stale
 
     up = tmp_path / "up"
     up.mkdir()

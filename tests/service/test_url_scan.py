@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from core.urlguard import UrlGuard
+from ckptguard.core.io.urlguard import UrlGuard
 from tests.rangeserver import RangeServer
 from tests.service.payloads import benign_pickle, malicious_pickle, nonce
 

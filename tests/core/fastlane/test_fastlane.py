@@ -12,12 +12,14 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from core import fastlane, pickle_scan, pickletoken
-from core.analysis import Analysis
-from core.fastload import RebuildCall
-from core.pickletoken import Decline
-from core.scan import scan_path
-from core.source import BytesSource
+from ckptguard.core import judge as pickle_scan
+from ckptguard.core.io.source import BytesSource
+from ckptguard.core.lane import torch_zip as fastlane
+from ckptguard.core.pickle.fast import tokenize as pickletoken
+from ckptguard.core.pickle.fast.column_stubs import RebuildCall
+from ckptguard.core.pickle.fast.tokenize import Decline
+from ckptguard.core.scan import scan_path
+from ckptguard.core.state import Analysis
 from tests.core.fastlane.torchlayout import META, state_dict, torch_layout, v2
 from tests.engine import needs_sound_re
 from tests.pickle_asm import asm

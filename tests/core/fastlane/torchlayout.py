@@ -1,5 +1,5 @@
 """Write archives exactly as torch's PyTorchStreamWriter lays them out (FORMATS.md §1),
-with any data.pkl: the shape the fast lane (core.fastlane) is built to accept.
+with any data.pkl: the shape the fast lane (core.lane.torch_zip) is built to accept.
 
 Records in order, each local header with flags 0x0808 (sizes and CRC deferred to a
 16-byte data descriptor; empty records 0x0800 with the real values and no descriptor),

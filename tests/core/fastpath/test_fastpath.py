@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from core.fastpath import Decline, check_rebuild, fast_load, tokenize
-from core.values import Call, Global, PersId
+from ckptguard.core.pickle.fast.stubs import Decline, check_rebuild, fast_load, tokenize
+from ckptguard.core.values import Call, Global, PersId
 from tests.engine import needs_sound_re
 from tests.pickle_asm import asm
 

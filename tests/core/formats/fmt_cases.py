@@ -153,7 +153,7 @@ def st_hand_cases() -> dict[str, bytes]:
 
 
 def _all_dtypes() -> bytes:
-    from core.dtypes import SAFETENSORS_DTYPE
+    from ckptguard.core.torch.dtypes import SAFETENSORS_DTYPE
 
     header: dict[str, Any] = {}
     pos = 0

@@ -8,11 +8,11 @@ import pickle
 import numpy as np
 import pytest
 
-from core.analysis import Analysis
-from core.errors import Code
-from core.formats import npy
-from core.scan import scan_source
-from core.source import BytesSource
+from ckptguard.core.errors import Code
+from ckptguard.core.formats import npy
+from ckptguard.core.io.source import BytesSource
+from ckptguard.core.scan import scan_source
+from ckptguard.core.state import Analysis
 from tests.core.formats.fmt_cases import (
     npy_bytes,
     npy_library_files,

@@ -15,12 +15,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from core.analysis import ScanOptions
-from core.errors import Code
-from core.limits import Limits
-from core.report import Report
-from core.scan import scan_source
-from core.source import BytesSource
+from ckptguard.core.errors import Code
+from ckptguard.core.io.source import BytesSource
+from ckptguard.core.limits import Limits
+from ckptguard.core.report import Report
+from ckptguard.core.scan import scan_source
+from ckptguard.core.state import ScanOptions
 from tests.core.formats.fmt_cases import npy_raw, npz_from_members, st_file
 
 INT64_MAX = 2**63 - 1

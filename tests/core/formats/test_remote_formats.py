@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from core.http_source import HttpSource
-from core.scan import scan_source
-from core.source import BytesSource
-from core.urlguard import UrlGuard
+from ckptguard.core.io.http import HttpSource
+from ckptguard.core.io.source import BytesSource
+from ckptguard.core.io.urlguard import UrlGuard
+from ckptguard.core.scan import scan_source
 from tests.core.formats.fmt_cases import npy_bytes, npz_bytes, st_file
 from tests.rangeserver import RangeServer
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from core.analysis import Analysis
-from core.errors import Code, Effect
-from core.formats import safetensors as st
-from core.scan import scan_source
-from core.source import BytesSource
+from ckptguard.core.errors import Code, Effect
+from ckptguard.core.formats import safetensors as st
+from ckptguard.core.io.source import BytesSource
+from ckptguard.core.scan import scan_source
+from ckptguard.core.state import Analysis
 from tests.core.formats.fmt_cases import st_file, st_hand_cases, st_library_files
 
 

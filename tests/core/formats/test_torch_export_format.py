@@ -1,4 +1,4 @@
-"""core/formats/torch_export.py + export_verifier.py on real torch.export archives and edits."""
+"""core/formats/export/archive.py + export_verifier.py on real torch.export archives and edits."""
 
 from __future__ import annotations
 
@@ -11,12 +11,12 @@ from typing import Any
 
 import pytest
 
-from core.errors import Code
-from core.formats.export_verifier import target_problem
-from core.formats.torch_export import expr_is_plain
-from core.report import Report
-from core.scan import scan_source
-from core.source import BytesSource
+from ckptguard.core.errors import Code
+from ckptguard.core.formats.export.archive import expr_is_plain
+from ckptguard.core.formats.export.verifier import target_problem
+from ckptguard.core.io.source import BytesSource
+from ckptguard.core.report import Report
+from ckptguard.core.scan import scan_source
 from tests.core.formats.fmt_cases import pt2_bytes, zip_json, zip_replace
 
 pytestmark = pytest.mark.torch
@@ -450,7 +450,7 @@ def test_expr_grammar_accepts_what_torch_writes(expr: str) -> None:
     ("s0; s1", None), ("2**99999999", None), ("x!", None), ("1.e5*s0 + s0[0]", None),
 ])
 def test_code_evidence(expr: str, evidence: str | None) -> None:
-    from core.formats.torch_export import _code_evidence
+    from ckptguard.core.formats.export.archive import _code_evidence
 
     why = _code_evidence(expr)
     assert (why is None) if evidence is None else (why is not None and evidence in why)
@@ -459,7 +459,7 @@ def test_code_evidence(expr: str, evidence: str | None) -> None:
 def test_code_evidence_is_linear_on_huge_expressions() -> None:
     import time
 
-    from core.formats.torch_export import _code_evidence
+    from ckptguard.core.formats.export.archive import _code_evidence
 
     start = time.perf_counter()
     assert _code_evidence("a" * 2_000_000 + " " * 2_000_000 + "x") is None

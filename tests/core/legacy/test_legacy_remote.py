@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from core.http_source import HttpSource
-from core.scan import scan_source
-from core.urlguard import UrlGuard
+from ckptguard.core.io.http import HttpSource
+from ckptguard.core.io.urlguard import UrlGuard
+from ckptguard.core.scan import scan_source
 from tests.core.legacy.conftest import legacy_bytes
 from tests.rangeserver import RangeServer
 

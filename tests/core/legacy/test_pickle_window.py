@@ -1,4 +1,4 @@
-"""core.formats.pickle_window: the opcode-length walk agrees with the VM on where pickles end."""
+"""core.pickle.window: the opcode-length walk agrees with the VM on where pickles end."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from core.analysis import Analysis
-from core.formats.pickle_window import PickleWindow, skip_pickle
-from core.source import BytesSource
-from core.vm import run_vm
+from ckptguard.core.io.source import BytesSource
+from ckptguard.core.pickle.vm import run_vm
+from ckptguard.core.pickle.window import PickleWindow, skip_pickle
+from ckptguard.core.state import Analysis
 from tests.pickle_asm import asm
 
 _VALUES = st.recursive(

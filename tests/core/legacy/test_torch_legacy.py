@@ -13,9 +13,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from core.errors import Code
-from core.scan import scan_path, scan_source
-from core.source import BytesSource
+from ckptguard.core.errors import Code
+from ckptguard.core.io.source import BytesSource
+from ckptguard.core.scan import scan_path, scan_source
 from tests.core.legacy.conftest import assert_same_outcome, legacy_bytes, stream
 from tests.pickle_asm import asm
 
@@ -167,8 +167,8 @@ def test_duplicate_key_hides_a_block(write: Any) -> None:
 @pytest.mark.torch
 def test_bad_magic_number_matches_torch(write: Any) -> None:
     """A corrupt magic is no longer sniffed as legacy; the legacy reader still says what torch says."""
-    from core.analysis import Analysis
-    from core.formats import torch_legacy
+    from ckptguard.core.formats import torch_legacy
+    from ckptguard.core.state import Analysis
     from tests.core.legacy.conftest import torch_outcome
 
     magic = asm(("PROTO", 2), ("LONG1", 0x1950A86A20F9469CFC6D), "STOP")

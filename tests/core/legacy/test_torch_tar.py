@@ -12,9 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from core.errors import Code
-from core.formats.torch_tar import TAR_ERROR, is_tar
-from core.scan import scan_path
+from ckptguard.core.errors import Code
+from ckptguard.core.formats.torch_tar import TAR_ERROR, is_tar
+from ckptguard.core.scan import scan_path
 from tests.core.legacy.conftest import assert_same_outcome
 from tests.pickle_asm import asm
 
@@ -110,7 +110,7 @@ def test_long_name_header_chains(fmt: int) -> None:
         info = tarfile.TarInfo("p" * 150 + "/pickle")
         tar.addfile(info, io.BytesIO(b""))
     data = buf.getvalue()
-    from core.formats.torch_tar import tar_bytes_needed
+    from ckptguard.core.formats.torch_tar import tar_bytes_needed
 
     assert tar_bytes_needed(data[:512]) > 512 and not is_tar(data[:512])
     assert is_tar(data[:tar_bytes_needed(data[:512])])
@@ -121,8 +121,8 @@ def test_long_name_header_chains(fmt: int) -> None:
 @settings(max_examples=200, deadline=None)
 @given(st.data())
 def test_mutated_tars_never_crash(data: st.DataObject) -> None:
-    from core.scan import scan_source
-    from core.source import BytesSource
+    from ckptguard.core.io.source import BytesSource
+    from ckptguard.core.scan import scan_source
 
     base = bytearray(_BASE_TAR)
     for _ in range(data.draw(st.integers(1, 6))):

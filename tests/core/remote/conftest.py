@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from core.urlguard import UrlGuard
+from ckptguard.core.io.urlguard import UrlGuard
 from tests.rangeserver import RangeServer
 
 torch = pytest.importorskip("torch")

@@ -6,10 +6,10 @@ import time
 
 import pytest
 
-from core.errors import Code, LimitExceeded, SourceError
-from core.http_source import HttpSource, SpanCache, coalesce, find_central_directory
-from core.limits import Limits
-from core.urlguard import UrlGuard
+from ckptguard.core.errors import Code, LimitExceeded, SourceError
+from ckptguard.core.io.http import HttpSource, SpanCache, coalesce, find_central_directory
+from ckptguard.core.io.urlguard import UrlGuard
+from ckptguard.core.limits import Limits
 from tests.rangeserver import RangeServer
 
 
@@ -76,7 +76,7 @@ def test_empty_file(server, guard) -> None:
 
 
 def test_big_reads_bypass_the_cache(server, guard, many_ckpt, monkeypatch) -> None:
-    monkeypatch.setattr("core.http_source.CACHE_SPAN_LIMIT", 1000)
+    monkeypatch.setattr("ckptguard.core.io.http.CACHE_SPAN_LIMIT", 1000)
     with open_src(server, "/many.pt", guard, speculate=False) as src:
         assert src.read_at(200_000, 5000) == many_ckpt[200_000:205_000]
         assert src.read_at(200_000, 5000) == many_ckpt[200_000:205_000]
@@ -385,7 +385,7 @@ def test_multi_range_cut_mid_body_is_retried(server, guard, spread) -> None:
 
 
 def test_parse_byteranges_accepts_merged_parts_and_rejects_strangers() -> None:
-    from core.http_source import parse_byteranges
+    from ckptguard.core.io.http import parse_byteranges
 
     body = (b"\r\n--B\r\nContent-Type: x\r\nContent-Range: bytes 0-9/100\r\n\r\n" + b"a" * 10 +
             b"\r\n--B\r\nContent-Range: bytes 50-59/100\r\n\r\n" + b"b" * 10 + b"\r\n--B--\r\n")

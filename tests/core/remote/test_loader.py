@@ -13,11 +13,11 @@ import zipfile
 import numpy as np
 import pytest
 
-from core.dtypes import ITEMSIZE
-from core.http_source import HttpSource
-from core.loader import RemoteCheckpoint, TensorUnreadable, numpy_dtype
-from core.report import Report, SourceInfo, StorageEntry, TensorEntry
-from core.source import BytesSource
+from ckptguard.core.io.http import HttpSource
+from ckptguard.core.io.source import BytesSource
+from ckptguard.core.loader import RemoteCheckpoint, TensorUnreadable, numpy_dtype
+from ckptguard.core.report import Report, SourceInfo, StorageEntry, TensorEntry
+from ckptguard.core.torch.dtypes import ITEMSIZE
 from tests.core.remote.conftest import mixed_state
 
 torch = pytest.importorskip("torch")
@@ -135,8 +135,8 @@ def test_unknown_name_and_lying_manifest(small_ckpt) -> None:
 def test_big_endian_storages_are_swapped_like_torch() -> None:
     # FORMATS.md §2.5: typed storages are swapped by element size, complex by half of it
     data = np.arange(4, dtype=">f4").tobytes() + np.array([1 + 2j], dtype=">c8").tobytes()
-    from core.errors import Code
-    from core.report import Finding
+    from ckptguard.core.errors import Code
+    from ckptguard.core.report import Finding
     report = Report(source=SourceInfo(kind="bytes"), findings=[Finding(Code.TORCH_BIG_ENDIAN, "big")],
                     storages=[StorageEntry("0", "float32", 4, 16, "cpu", None, 0, True),
                               StorageEntry("1", "complex64", 1, 8, "cpu", None, 16, True),
@@ -158,7 +158,7 @@ def test_unmappable_dtype() -> None:
 
 def test_safetensors_over_http(server, guard, tmp_path) -> None:
     st = pytest.importorskip("safetensors.torch")
-    from core.loader import open_checkpoint
+    from ckptguard.core.loader import open_checkpoint
 
     g = torch.Generator().manual_seed(3)
     tensors = {f"blocks.{i}.attn.weight": torch.randn(4, 3, generator=g).bfloat16() for i in range(3000)}
@@ -179,7 +179,7 @@ def test_safetensors_over_http(server, guard, tmp_path) -> None:
 
 def test_a_name_two_tensors_share_is_refused_not_guessed(tmp_path) -> None:
     """{0: a, "0": b} names both tensors "0": reading "0" must not return one of them silently."""
-    from core.loader import open_checkpoint
+    from ckptguard.core.loader import open_checkpoint
 
     path = tmp_path / "alike.pt"
     torch.save({0: torch.zeros(2), "0": torch.ones(3), "x": torch.arange(4.0)}, path)

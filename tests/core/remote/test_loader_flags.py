@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from core.loader import open_checkpoint
-from core.scan import scan_path
+from ckptguard.core.loader import open_checkpoint
+from ckptguard.core.scan import scan_path
 
 torch = pytest.importorskip("torch")
 

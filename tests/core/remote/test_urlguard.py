@@ -6,8 +6,8 @@ import ipaddress
 
 import pytest
 
-from core.errors import Code, SourceError
-from core.urlguard import UrlGuard, is_public
+from ckptguard.core.errors import Code, SourceError
+from ckptguard.core.io.urlguard import UrlGuard, is_public
 
 REFUSED = ["127.0.0.1", "127.8.9.10", "10.1.2.3", "172.16.0.1", "192.168.1.1", "169.254.169.254",
            "100.64.0.1", "0.0.0.0", "224.0.0.1", "239.255.255.250", "255.255.255.255", "240.0.0.1",

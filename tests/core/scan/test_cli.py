@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from core.cli import main
+from ckptguard.app.cli import main
 from tests.pickle_asm import asm
 
 torch = pytest.importorskip("torch")
@@ -37,7 +37,7 @@ def test_json_report(ckpt: Path, capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_json_report_is_the_report_one_item_per_line(ckpt: Path,
                                                     capsys: pytest.CaptureFixture[str]) -> None:
-    from core.scan import scan_path
+    from ckptguard.core.scan import scan_path
 
     assert main(["scan", str(ckpt), "--json"]) == 0
     text = capsys.readouterr().out
@@ -57,7 +57,7 @@ def test_json_to_a_reader_that_leaves_is_not_an_error(tmp_path: Path) -> None:
 
     ckpt = tmp_path / "many.pt"   # ~700 KB of JSON: more than a pipe holds
     torch.save({f"layer{i}.weight": torch.zeros(2) for i in range(3000)}, ckpt)
-    out = subprocess.run(f"{sys.executable} -m core.cli scan {ckpt} --json | head -1",
+    out = subprocess.run(f"{sys.executable} -m app.cli scan {ckpt} --json | head -1",
                          shell=True, capture_output=True, text=True, check=True,
                          cwd=Path(__file__).resolve().parents[3])
     assert out.stdout == "{\n" and "Traceback" not in out.stderr and "Broken" not in out.stderr

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from core.errors import Code, SourceError
-from core.scan import scan_path, scan_source
-from core.source import BytesSource
+from ckptguard.core.errors import Code, SourceError
+from ckptguard.core.io.source import BytesSource
+from ckptguard.core.scan import scan_path, scan_source
 from tests.pickle_asm import asm
 
 

@@ -8,7 +8,7 @@ import struct
 import numpy as np
 import pytest
 
-from core.sniff import TORCH_LEGACY_MAGIC, sniff
+from ckptguard.core.sniff import TORCH_LEGACY_MAGIC, sniff
 
 
 def _sniff(data: bytes) -> str:

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from core.errors import SourceError
-from core.source import BytesSource, FileSource, coalesce, read_coalesced
+from ckptguard.core.errors import SourceError
+from ckptguard.core.io.source import BytesSource, FileSource, coalesce, read_coalesced
 
 
 def test_file_source_reads_exact_ranges_and_counts(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""core.tensors.build_manifest on hand-built value graphs: naming, offsets, findings, limits.
+"""core.manifest.build.build_manifest on hand-built value graphs: naming, offsets, findings, limits.
 
 The differential suite (tests/differential/test_manifest_vs_torch.py) checks real torch
 files; here each rule of FORMATS.md §2.2-§2.6 and each finding gets a small graph.
@@ -12,12 +12,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from core import tensors
-from core.analysis import Analysis, ScanOptions
-from core.errors import Code, LimitExceeded
-from core.limits import Limits
-from core.tensors import NoStorages, StorageSite, build_manifest
-from core.values import Call, Global, PersId
+from ckptguard.core.errors import Code, LimitExceeded
+from ckptguard.core.limits import Limits
+from ckptguard.core.manifest import build as tensors
+from ckptguard.core.manifest.build import NoStorages, StorageSite, build_manifest
+from ckptguard.core.state import Analysis, ScanOptions
+from ckptguard.core.values import Call, Global, PersId
 
 U = "torch._utils"
 V2 = Global(U, "_rebuild_tensor_v2")

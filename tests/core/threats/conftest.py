@@ -9,9 +9,9 @@ import pytest
 
 @pytest.fixture
 def assess_pickle() -> Callable[..., object]:
-    from core.analysis import Analysis, ScanOptions
-    from core.threats import assess
-    from core.vm import run_vm
+    from ckptguard.core.pickle.vm import run_vm
+    from ckptguard.core.state import Analysis, ScanOptions
+    from ckptguard.core.threats.assess import assess
 
     def run(data: bytes, *, allow: frozenset[str] = frozenset()) -> Analysis:
         an = Analysis(ScanOptions(allow=allow))

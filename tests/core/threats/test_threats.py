@@ -1,4 +1,4 @@
-"""core.threats: the knowledge base and the assessment of interpreted pickles."""
+"""core.threats.assess: the knowledge base and the assessment of interpreted pickles."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from core.errors import Code, Severity
-from core.threats import Threat, classify_global, classify_path
+from ckptguard.core.errors import Code, Severity
+from ckptguard.core.threats.assess import Threat, classify_global, classify_path
 from tests.pickle_asm import asm
 
 
@@ -239,9 +239,9 @@ def test_nested_payload_depth_is_bounded(assess_pickle: Any) -> None:
 @settings(max_examples=300, deadline=None)
 @given(st.binary(max_size=300))
 def test_assess_never_raises(data: bytes) -> None:
-    from core.analysis import Analysis
-    from core.threats import assess
-    from core.vm import run_vm
+    from ckptguard.core.pickle.vm import run_vm
+    from ckptguard.core.state import Analysis
+    from ckptguard.core.threats.assess import assess
 
     an = Analysis()
     assess(run_vm(data), an, allow=frozenset(), record=None)
@@ -355,7 +355,7 @@ def test_red_team_round_3_neighbours_keep_their_status(module: str, name: str, s
 
 def test_operator_and_underscore_operator_rules_agree() -> None:
     """`operator` re-exports `_operator`: a rule for one spelling must exist for the other."""
-    from core.threat_table import DANGEROUS_NAMES
+    from ckptguard.core.threats.table import DANGEROUS_NAMES
 
     ops = {k.split(".", 1)[1] for k in DANGEROUS_NAMES if k.split(".")[0] in ("operator", "_operator")}
     for name in ops:
@@ -365,7 +365,7 @@ def test_operator_and_underscore_operator_rules_agree() -> None:
 
 
 def test_annotations_is_a_dangerous_dunder() -> None:
-    from core.threat_table import DANGEROUS_DUNDERS
+    from ckptguard.core.threats.table import DANGEROUS_DUNDERS
 
     assert "__annotations__" in DANGEROUS_DUNDERS
     assert classify_global("typing", "NamedTuple.__annotations__").status == "dangerous"

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from core.vm import run_vm
+from ckptguard.core.pickle.vm import run_vm
 from tests.pickle_asm import asm
 
 

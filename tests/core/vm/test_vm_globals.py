@@ -6,9 +6,9 @@ import pickle
 import pickletools
 from typing import Any
 
-from core.errors import Code
-from core.values import Call, Global
-from core.vm import run_vm
+from ckptguard.core.errors import Code
+from ckptguard.core.pickle.vm import run_vm
+from ckptguard.core.values import Call, Global
 from tests.pickle_asm import asm
 
 
@@ -183,7 +183,7 @@ def test_stack_global_operands_of_any_shape_are_described_safely() -> None:
 
 
 def test_globals_after_the_point_where_torch_stops() -> None:
-    from core.opcodes import TORCH_ACCEPTED
+    from ckptguard.core.pickle.opcodes import TORCH_ACCEPTED
 
     # torch's weights-only unpickler refuses at the first FRAME/MEMOIZE/SHORT_BINBYTES;
     # the VM reads on and still finds what follows.

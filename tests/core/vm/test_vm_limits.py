@@ -6,10 +6,10 @@ import dataclasses
 
 import pytest
 
-from core.errors import Code, FormatError, LimitExceeded
-from core.limits import DEFAULT_LIMITS
-from core.values import Unhashable
-from core.vm import hashable_key, run_vm
+from ckptguard.core.errors import Code, FormatError, LimitExceeded
+from ckptguard.core.limits import DEFAULT_LIMITS
+from ckptguard.core.pickle.vm import hashable_key, run_vm
+from ckptguard.core.values import Unhashable
 from tests.pickle_asm import asm, op
 
 
@@ -204,7 +204,7 @@ def test_keys_that_would_hash_slowly_are_wrapped() -> None:
 
 
 def test_notes_are_capped() -> None:
-    from core.vm import MAX_NOTES
+    from ckptguard.core.pickle.vm import MAX_NOTES
 
     r = run_vm(asm(("PROTO", 2), ("RAW", asm(("EXT1", 1), "POP") * (MAX_NOTES + 50)), "NONE", "STOP"))
     assert r.complete and len(r.notes) == MAX_NOTES + 1
@@ -223,8 +223,8 @@ def test_long_global_names_not_rescanned() -> None:
 def test_memory_error_is_a_resource_limit_not_a_malformed_pickle(monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """Under the worker's RLIMIT_AS an allocation fails with MemoryError: that is a resource
     verdict (RESOURCE_LIMIT), never 'the pickle is malformed'."""
-    from core.errors import Code, LimitExceeded
-    from core.vm import _Machine, run_vm
+    from ckptguard.core.errors import Code, LimitExceeded
+    from ckptguard.core.pickle.vm import _Machine, run_vm
 
     original = _Machine._dispatch
 

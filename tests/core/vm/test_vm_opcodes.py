@@ -1,4 +1,4 @@
-"""core/opcodes.py: the table equals pickletools', TORCH_ACCEPTED equals torch's, text decoders."""
+"""core/pickle/opcodes.py: the table equals pickletools', TORCH_ACCEPTED equals torch's, text decoders."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import re
 
 import pytest
 
-import core.opcodes as opc
-from core.errors import Code, FormatError
-from core.opcodes import BY_NAME, OPCODES, TORCH_ACCEPTED
+import ckptguard.core.pickle.opcodes as opc
+from ckptguard.core.errors import Code, FormatError
+from ckptguard.core.pickle.opcodes import BY_NAME, OPCODES, TORCH_ACCEPTED
 
 
 def test_table_equals_pickletools() -> None:

@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-from core.errors import Code
-from core.opcodes import BY_NAME
-from core.values import Buffer, Call, ExtRef, Global, PersId
-from core.vm import run_vm
+from ckptguard.core.errors import Code
+from ckptguard.core.pickle.opcodes import BY_NAME
+from ckptguard.core.pickle.vm import run_vm
+from ckptguard.core.values import Buffer, Call, ExtRef, Global, PersId
 from tests.pickle_asm import asm, framed
 
 
@@ -203,7 +203,7 @@ def test_base_offset_and_start() -> None:
 
 
 def test_unhashable_keys_wrapped() -> None:
-    from core.values import Unhashable
+    from ckptguard.core.values import Unhashable
 
     r = run_vm(asm("EMPTY_DICT", "EMPTY_LIST", ONE, "SETITEM", "MARK", "EMPTY_LIST", "FROZENSET", "TUPLE1",
                    "STOP"))

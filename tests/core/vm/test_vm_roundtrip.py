@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from core.values import Call, Global
-from core.vm import run_vm
+from ckptguard.core.pickle.vm import run_vm
+from ckptguard.core.values import Call, Global
 from tests.core.vm.test_vm_ops import same
 
 PLAIN_ALL_PROTOCOLS: list[Any] = [

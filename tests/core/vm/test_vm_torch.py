@@ -9,10 +9,10 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-from core.names import torch_map
-from core.opcodes import TORCH_ACCEPTED
-from core.values import Global, PersId
-from core.vm import run_vm
+from ckptguard.core.pickle.opcodes import TORCH_ACCEPTED
+from ckptguard.core.pickle.renames import torch_map
+from ckptguard.core.pickle.vm import run_vm
+from ckptguard.core.values import Global, PersId
 from tests.core.vm.conftest import torch_legacy_stream
 
 pytestmark = pytest.mark.torch

@@ -1,4 +1,4 @@
-"""core.torch_rebuild's torch.device model vs real `torch.device(...)` (torch 2.13, CPU host).
+"""core.torch.callables's torch.device model vs real `torch.device(...)` (torch 2.13, CPU host).
 
 Every device type torch lists, with and without an index, string forms ("xla:1"), invalid
 strings and index types: the model must give torch's exception type and message, or say
@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from core.torch_rebuild import _DEVICE_TYPES, Fail, call_allowed
-from core.values import Global
+from ckptguard.core.torch.callables import _DEVICE_TYPES, Fail, call_allowed
+from ckptguard.core.values import Global
 
 pytestmark = pytest.mark.torch
 torch = pytest.importorskip("torch")

@@ -1,4 +1,4 @@
-"""core.weights_only without torch: API contract, limits, messages, never-raise property."""
+"""core.torch.weights_only without torch: API contract, limits, messages, never-raise property."""
 
 from __future__ import annotations
 
@@ -7,9 +7,8 @@ import pickle
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from core.limits import Limits
-from core.values import Call, Global, PersId
-from core.weights_only import (
+from ckptguard.core.limits import Limits
+from ckptguard.core.torch.weights_only import (
     ALLOWED_GLOBALS,
     BASELINE_USER_GLOBALS,
     BLOCKED_MODULES,
@@ -19,6 +18,7 @@ from core.weights_only import (
     unsafe_globals,
     wo_message,
 )
+from ckptguard.core.values import Call, Global, PersId
 from tests.core.weights_only.cases import CASES, F16, g, pid, pk, s, v2
 from tests.pickle_asm import asm
 

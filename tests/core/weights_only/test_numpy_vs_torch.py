@@ -1,10 +1,10 @@
-"""core.torch_rebuild's numpy dtype table vs the installed numpy (the one next to torch 2.13)."""
+"""core.torch.callables's numpy dtype table vs the installed numpy (the one next to torch 2.13)."""
 
 from __future__ import annotations
 
 import pytest
 
-from core.torch_rebuild import NUMPY_DTYPES, numpy_dtype_class
+from ckptguard.core.torch.callables import NUMPY_DTYPES, numpy_dtype_class
 
 np = pytest.importorskip("numpy")
 

@@ -1,4 +1,4 @@
-"""core.offsets: the calculate_storage_offsets chain, differential against torch 2.13."""
+"""core.zip.offsets: the calculate_storage_offsets chain, differential against torch 2.13."""
 
 from __future__ import annotations
 
@@ -11,18 +11,18 @@ from pathlib import Path
 
 import pytest
 
-from core.analysis import Analysis
-from core.errors import Code, FormatError
-from core.offsets import (
+from ckptguard.core.errors import Code, FormatError
+from ckptguard.core.io.source import FileSource
+from ckptguard.core.state import Analysis
+from ckptguard.core.zip.checks import check_archive
+from ckptguard.core.zip.directory import read_directory, read_local_headers
+from ckptguard.core.zip.offsets import (
     ChainedOffset,
     chain_storage_offsets,
     descriptor_size,
     record_data_offset,
     verify_chain,
 )
-from core.source import FileSource
-from core.zipcheck import check_archive
-from core.zipdir import read_directory, read_local_headers
 from tests.core.zip.conftest import TorchFile
 from tests.core.zip.zipbuild import write_torch_like
 

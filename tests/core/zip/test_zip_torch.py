@@ -1,8 +1,8 @@
 """What torch 2.13 (PyTorchStreamReader over miniz) does with hostile zips, vs what we report.
 
-Each test builds the anomaly by hand, asks real torch, and checks that core.zipdir reads
-what torch reads and core.zipcheck names the anomaly. The docstrings of core/zipdir.py and
-core/zipcheck.py cite these tests.
+Each test builds the anomaly by hand, asks real torch, and checks that core.zip.directory reads
+what torch reads and core.zip.checks names the anomaly. The docstrings of core/zip/directory.py and
+core/zip/checks.py cite these tests.
 """
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ from typing import Any
 
 import pytest
 
-from core.analysis import Analysis
-from core.errors import CkptError, Code
-from core.source import FileSource
-from core.zipcheck import check_archive, verify_crcs
-from core.zipdir import read_directory, read_local_headers, read_record
+from ckptguard.core.errors import CkptError, Code
+from ckptguard.core.io.source import FileSource
+from ckptguard.core.state import Analysis
+from ckptguard.core.zip.checks import check_archive, verify_crcs
+from ckptguard.core.zip.directory import read_directory, read_local_headers, read_record
 from tests.core.zip.zipbuild import Member, build_zip
 
 torch = pytest.importorskip("torch")

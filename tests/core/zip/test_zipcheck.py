@@ -1,4 +1,4 @@
-"""core.zipcheck: every forensic finding from a hand-built hostile zip."""
+"""core.zip.checks: every forensic finding from a hand-built hostile zip."""
 
 from __future__ import annotations
 
@@ -6,11 +6,11 @@ import struct
 
 import pytest
 
-from core.analysis import Analysis
-from core.errors import Code
-from core.source import BytesSource, FileSource
-from core.zipcheck import MAX_PER_CODE, check_archive, verify_crcs
-from core.zipdir import read_directory, read_local_headers
+from ckptguard.core.errors import Code
+from ckptguard.core.io.source import BytesSource, FileSource
+from ckptguard.core.state import Analysis
+from ckptguard.core.zip.checks import MAX_PER_CODE, check_archive, verify_crcs
+from ckptguard.core.zip.directory import read_directory, read_local_headers
 from tests.core.zip.conftest import TorchFile
 from tests.core.zip.zipbuild import Member, build_zip
 

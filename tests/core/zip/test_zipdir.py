@@ -1,4 +1,4 @@
-"""core.zipdir: our zip reader against zipfile, torch 2.13 and hand-built archives."""
+"""core.zip.directory: our zip reader against zipfile, torch 2.13 and hand-built archives."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from core.errors import CkptError, Code, FormatError, LimitExceeded
-from core.limits import Limits
-from core.source import BytesSource, FileSource
-from core.zipdir import (
+from ckptguard.core.errors import CkptError, Code, FormatError, LimitExceeded
+from ckptguard.core.io.source import BytesSource, FileSource
+from ckptguard.core.limits import Limits
+from ckptguard.core.zip.directory import (
     ZipDirectory,
     ZipEntry,
     decode_name,
@@ -349,7 +349,7 @@ def test_entry_disk_numbers_like_miniz() -> None:
 
 
 def test_tail_read_is_bounded_by_miniz_window() -> None:
-    from core.zipdir import eocd_search_start
+    from ckptguard.core.zip.directory import eocd_search_start
 
     assert eocd_search_start(100) == 0
     assert eocd_search_start(4096) == 0

@@ -1,0 +1,213 @@
+"""Hub jobs in the database: the durable state machine behind app/hub/jobs.py.
+
+Strategy: every state change is one short transaction, so a process killed at any
+point leaves rows a restart can continue from. A job is claimed with a conditional
+UPDATE (queued, or running with an expired lease) and the lease is renewed while the
+runner works, so two replicas sharing a database never run the same job at once.
+    job:  queued -> running -> done | failed      (running + lease expired -> claimable)
+    file: queued -> running -> done | failed | skipped   (failed only after the last retry)
+Blocking calls: the async runner uses `asyncio.to_thread`.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.exc import IntegrityError
+
+from ckptguard.app.hub.client import TreeFile
+from ckptguard.app.tables import hub_deliveries, hub_files, hub_jobs
+
+FINISHED = frozenset({"done", "failed"})
+# Worst first: a file that could not be judged counts as `invalid` (never as safe).
+VERDICT_RANK = {"safe": 0, "suspicious": 1, "invalid": 2, "unsafe": 3}
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    job_id: str
+    duplicate: bool       # this (repo, ref, sha) was delivered before: nothing new queued
+    new_job: bool         # a job row was created (a revision not seen before)
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def worst(verdicts: list[str | None]) -> str | None:
+    known = [v if v in VERDICT_RANK else "invalid" for v in verdicts]
+    return max(known, key=VERDICT_RANK.__getitem__) if known else None
+
+
+class HubDb:
+    def __init__(self, engine: sa.Engine) -> None:
+        self.engine = engine
+
+    # --- deliveries ---------------------------------------------------------------
+
+    def deliver(self, repo_type: str, repo: str, ref: str, sha: str) -> Delivery:
+        """Record a delivery and make sure the revision has a job (both idempotent)."""
+        job_id, new_job = self._job_for(repo_type, repo, sha, ref)
+        try:
+            with self.engine.begin() as conn:
+                conn.execute(hub_deliveries.insert().values(
+                    repo_type=repo_type, repo=repo, ref=ref, new_sha=sha, job_id=job_id,
+                    received_at=_now()))
+        except IntegrityError:
+            return Delivery(job_id, duplicate=True, new_job=new_job)
+        return Delivery(job_id, duplicate=False, new_job=new_job)
+
+    def _job_for(self, repo_type: str, repo: str, sha: str, ref: str | None) -> tuple[str, bool]:
+        key = (hub_jobs.c.repo_type == repo_type, hub_jobs.c.repo == repo, hub_jobs.c.revision == sha)
+        with self.engine.connect() as conn:
+            found = conn.execute(sa.select(hub_jobs.c.id).where(*key)).scalar()
+        if found is not None:
+            return str(found), False
+        now = _now()
+        try:
+            with self.engine.begin() as conn:
+                job_id = uuid.uuid4().hex
+                conn.execute(hub_jobs.insert().values(
+                    id=job_id, repo_type=repo_type, repo=repo, revision=sha, ref=ref, state="queued",
+                    listed=False, attempts=0, created_at=now, updated_at=now))
+            return job_id, True
+        except IntegrityError:  # a concurrent delivery created it first
+            with self.engine.connect() as conn:
+                return str(conn.execute(sa.select(hub_jobs.c.id).where(*key)).scalar_one()), False
+
+    # --- claiming -------------------------------------------------------------------
+
+    def claim(self, job_id: str, owner: str, lease_s: float) -> bool:
+        now = time.time()
+        due = sa.or_(hub_jobs.c.next_attempt_at.is_(None), hub_jobs.c.next_attempt_at <= now)
+        claimable = sa.or_(sa.and_(hub_jobs.c.state == "queued", due),
+                           sa.and_(hub_jobs.c.state == "running", hub_jobs.c.lease_until < now))
+        with self.engine.begin() as conn:
+            done = conn.execute(hub_jobs.update().where(hub_jobs.c.id == job_id, claimable).values(
+                state="running", lease_owner=owner, lease_until=now + lease_s, updated_at=_now()))
+        return done.rowcount == 1
+
+    def renew(self, job_id: str, owner: str, lease_s: float) -> bool:
+        with self.engine.begin() as conn:
+            done = conn.execute(hub_jobs.update().where(
+                hub_jobs.c.id == job_id, hub_jobs.c.lease_owner == owner, hub_jobs.c.state == "running",
+            ).values(lease_until=time.time() + lease_s))
+        return done.rowcount == 1
+
+    def release(self, owner: str) -> int:
+        """A stopping runner hands its jobs back (queued) instead of waiting out the lease."""
+        with self.engine.begin() as conn:
+            done = conn.execute(hub_jobs.update().where(
+                hub_jobs.c.lease_owner == owner, hub_jobs.c.state == "running",
+            ).values(state="queued", lease_owner=None, lease_until=None, updated_at=_now()))
+        return int(done.rowcount)
+
+    def runnable(self) -> list[tuple[str, float]]:
+        """Jobs someone should run: (id, when) for queued ones and expired leases."""
+        now = time.time()
+        query = sa.select(hub_jobs.c.id, hub_jobs.c.state, hub_jobs.c.next_attempt_at,
+                          hub_jobs.c.lease_until).where(
+            sa.or_(hub_jobs.c.state == "queued",
+                   sa.and_(hub_jobs.c.state == "running", hub_jobs.c.lease_until < now)))
+        with self.engine.connect() as conn:
+            rows = conn.execute(query.order_by(hub_jobs.c.created_at)).all()
+        return [(r.id, float(r.next_attempt_at or 0.0) if r.state == "queued" else 0.0) for r in rows]
+
+    def unnotified(self) -> list[str]:
+        with self.engine.connect() as conn:
+            rows = conn.execute(sa.select(hub_jobs.c.id).where(
+                hub_jobs.c.state.in_(FINISHED), hub_jobs.c.notify_state == "pending")).all()
+        return [r.id for r in rows]
+
+    # --- job rows -------------------------------------------------------------------
+
+    def job(self, job_id: str) -> Any:
+        with self.engine.connect() as conn:
+            return conn.execute(sa.select(hub_jobs).where(hub_jobs.c.id == job_id)).first()
+
+    def find_job(self, repo_type: str, repo: str, revision: str) -> Any:
+        with self.engine.connect() as conn:
+            return conn.execute(sa.select(hub_jobs).where(
+                hub_jobs.c.repo_type == repo_type, hub_jobs.c.repo == repo,
+                hub_jobs.c.revision == revision)).first()
+
+    def reset(self, job_id: str) -> bool:
+        """Queue a finished revision again from scratch (tree listing, every file).
+
+        False if the job is not finished (queued or running jobs are left alone). Files whose
+        LFS sha256 has a report from this scanner version and policy still reuse it; after an
+        upgrade or an allowlist change they are scanned again.
+        """
+        with self.engine.begin() as conn:
+            done = conn.execute(hub_jobs.update().where(
+                hub_jobs.c.id == job_id, hub_jobs.c.state.in_(FINISHED)).values(
+                state="queued", listed=False, verdict=None, error=None, attempts=0,
+                next_attempt_at=None, lease_owner=None, lease_until=None, notify_state=None,
+                notify_error=None, updated_at=_now()))
+            if done.rowcount != 1:
+                return False
+            conn.execute(hub_files.delete().where(hub_files.c.job_id == job_id))
+        return True
+
+    def list_failed(self, job_id: str, error: str, *, retry_at: float | None, notify: bool = False) -> None:
+        """A tree listing failed: retry at `retry_at`, or fail the job for good (None)."""
+        values: dict[str, Any] = {"attempts": hub_jobs.c.attempts + 1, "error": error[:2000],
+                                  "updated_at": _now(), "lease_owner": None, "lease_until": None}
+        if retry_at is None:
+            values.update(state="failed", verdict="invalid", notify_state="pending" if notify else None)
+        else:
+            values.update(state="queued", next_attempt_at=retry_at)
+        with self.engine.begin() as conn:
+            conn.execute(hub_jobs.update().where(hub_jobs.c.id == job_id).values(**values))
+
+    def add_files(self, job_id: str, files: list[TreeFile], min_bytes: int) -> None:
+        now = _now()
+        rows = [{"job_id": job_id, "path": f.path, "size": f.size, "lfs_sha256": f.lfs_sha256,
+                 "state": "queued" if f.size >= min_bytes else "skipped",
+                 "error": None if f.size >= min_bytes else f"{f.size} bytes: too small to hold a checkpoint",
+                 "attempts": 0, "updated_at": now} for f in files]
+        with self.engine.begin() as conn:
+            if rows:
+                conn.execute(hub_files.insert(), rows)
+            conn.execute(hub_jobs.update().where(hub_jobs.c.id == job_id).values(
+                listed=True, error=None, updated_at=now))
+
+    def finish(self, job_id: str, *, notify: bool) -> str:
+        """Close the job from its files: failed if any file failed; the worst verdict."""
+        files = self.files(job_id)
+        failed = [f for f in files if f.state == "failed"]
+        judged = [f.verdict for f in files if f.state == "done"] + [None for _ in failed]
+        state = "failed" if failed else "done"
+        error = f"{len(failed)} file(s) could not be scanned" if failed else None
+        with self.engine.begin() as conn:
+            conn.execute(hub_jobs.update().where(hub_jobs.c.id == job_id).values(
+                state=state, verdict=worst(judged) or "safe", error=error,
+                lease_owner=None, lease_until=None, updated_at=_now(),
+                notify_state="pending" if notify else None))
+        return state
+
+    def notified(self, job_id: str, error: str | None) -> None:
+        with self.engine.begin() as conn:
+            conn.execute(hub_jobs.update().where(hub_jobs.c.id == job_id).values(
+                notify_state="failed" if error else "sent", notify_error=error))
+
+    # --- file rows ------------------------------------------------------------------
+
+    def files(self, job_id: str) -> list[Any]:
+        with self.engine.connect() as conn:
+            return list(conn.execute(sa.select(hub_files).where(hub_files.c.job_id == job_id)
+                                     .order_by(hub_files.c.path)).all())
+
+    def pending(self, job_id: str) -> list[Any]:
+        """Files still to scan (a `running` row is left over from a process that died)."""
+        return [f for f in self.files(job_id) if f.state in ("queued", "running")]
+
+    def file_state(self, file_id: int, **values: Any) -> None:
+        values["updated_at"] = _now()
+        with self.engine.begin() as conn:
+            conn.execute(hub_files.update().where(hub_files.c.id == file_id).values(**values))

@@ -1,0 +1,63 @@
+"""ckptguard: judge model checkpoints without executing them, and list every tensor.
+
+The public Python API. The repository keeps the engine in `core/` and the service in
+`app/`; installed, they are `ckptguard.core` and `ckptguard.app` (this folder links them
+in, so the repository, an editable install, the wheel and the image all see one name).
+
+Example:
+    >>> from ckptguard import scan_bytes
+    >>> scan_bytes(b"\\x80\\x04K\\x01.").verdict
+    'suspicious'
+
+Names resolve on first use (PEP 562), so `import ckptguard` stays cheap: numpy, httpx
+and the engine load only when a function that needs them is called.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from ckptguard.core import __version__
+
+if TYPE_CHECKING:
+    from ckptguard.core.errors import CkptError, Code, Severity, SourceError
+    from ckptguard.core.limits import Limits
+    from ckptguard.core.loader import open_checkpoint
+    from ckptguard.core.report import Finding, GlobalEntry, Report, StorageEntry, TensorEntry, Verdict
+    from ckptguard.core.scan import scan_bytes, scan_path, scan_source
+    from ckptguard.core.state import ScanOptions
+
+_EXPORTS: dict[str, str] = {
+    "scan_path": "ckptguard.core.scan",
+    "scan_source": "ckptguard.core.scan",
+    "scan_bytes": "ckptguard.core.scan",
+    "open_checkpoint": "ckptguard.core.loader",
+    "ScanOptions": "ckptguard.core.state",
+    "Limits": "ckptguard.core.limits",
+    "Report": "ckptguard.core.report",
+    "Finding": "ckptguard.core.report",
+    "GlobalEntry": "ckptguard.core.report",
+    "TensorEntry": "ckptguard.core.report",
+    "StorageEntry": "ckptguard.core.report",
+    "Verdict": "ckptguard.core.report",
+    "Code": "ckptguard.core.errors",
+    "Severity": "ckptguard.core.errors",
+    "CkptError": "ckptguard.core.errors",
+    "SourceError": "ckptguard.core.errors",
+}
+
+__all__ = ["__version__", *_EXPORTS]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'ckptguard' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

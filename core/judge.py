@@ -1,0 +1,241 @@
+"""One pickle, judged twice: as torch's weights-only unpickler would load it, and as
+Python's real pickle would execute it.
+
+Strategy: a clean torch pickle (the common case) is proven clean by the C-speed
+`fastpath`, which declines on anything unusual. Otherwise `weights_only.emulate`
+replays torch 2.13's restricted unpickler and says whether (and how) torch would
+refuse; it stops where torch stops. The symbolic VM (`vm.run_vm`) then reads the WHOLE
+pickle with every opcode of every protocol, so the globals and calls after torch's
+first refusal still reach the threat analysis (`threats.assess`). Bytes after STOP are
+inspected for a second pickle.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from ckptguard.core.errors import Code, LimitExceeded
+from ckptguard.core.pickle.fast.stubs import Decline, FastResult, check_rebuild, fast_load
+from ckptguard.core.pickle.fast.tokenize import Tokens
+from ckptguard.core.pickle.renames import python_map
+from ckptguard.core.pickle.vm import GlobalUse, VmResult, run_vm
+from ckptguard.core.report import WeightsOnly
+from ckptguard.core.state import Analysis
+from ckptguard.core.threats.assess import assess
+from ckptguard.core.torch.callables import numpy_dtype_class
+from ckptguard.core.torch.dtypes import ITEMSIZE, storage_dtype
+from ckptguard.core.torch.weights_only import (
+    ALLOWED_GLOBALS,
+    BASELINE_USER_GLOBALS,
+    BLOCKED_MODULES,
+    StorageResolver,
+    StorageUse,
+    TorchError,
+    WeightsOnlyResult,
+    emulate,
+    restorable,
+    safe_globals_hint,
+    unsafe_globals,
+)
+from ckptguard.core.values import Call, Global, PersId
+
+
+@dataclass(slots=True)
+class PickleScan:
+    weights_only: WeightsOnlyResult
+    vm: VmResult
+    root: Any                      # the graph the manifest is built from
+    storages: list[StorageUse]     # persistent_load keys in first-encounter order
+    end: int                       # relative position just after STOP
+    fast: bool = False             # judged by the fast path
+
+
+def scan_pickle(data: bytes | memoryview, an: Analysis, *, record: str | None,
+                base_offset: int, resolver: StorageResolver | None = None,
+                legacy: bool = False, start: int = 0,
+                check_trailing: bool = True) -> PickleScan:
+    """Judge one pickle at data[start:]; findings and globals go into `an`."""
+    opts = an.options
+    view = bytes(memoryview(data)[start:]) if start else bytes(data)
+    base = base_offset + start
+    scan = None if legacy else _try_fast(view, an, resolver, base)
+    if scan is None:
+        wo = emulate(view, allow=opts.allow, resolver=resolver, base_offset=base,
+                     limits=opts.limits, legacy=legacy)
+        vm = run_vm(view, base_offset=base, limits=opts.limits)
+        root = wo.root if wo.error is None else vm.root
+        end = vm.end if vm.complete else wo.end
+        scan = PickleScan(wo, vm, root, wo.storages, end)
+    vm = scan.vm
+    assess(vm, an, allow=opts.allow, record=record)
+    if vm.error is not None:
+        exc = vm.error
+        an.add(exc.code, exc.message, record=record, offset=exc.offset)
+    if vm.protocol is not None and vm.protocol != 2:
+        an.add(Code.PICKLE_PROTOCOL, f"pickle protocol {vm.protocol}", record=record, offset=base)
+    if check_trailing and vm.complete and vm.end < len(view):
+        _inspect_trailing(view, vm.end, an, record=record, base_offset=base)
+    scan.end += start
+    return scan
+
+
+def allowed_checker(allow: frozenset[str]) -> Any:
+    allowed = ALLOWED_GLOBALS | BASELINE_USER_GLOBALS | allow
+    blocked = tuple(m + "." for m in BLOCKED_MODULES)
+
+    def is_allowed(full: str) -> bool:
+        # torch checks the exact module against the blocklist first; declining every
+        # "os.*"-looking name is stricter and leaves the exact verdict to the slow path.
+        return full in allowed and not full.startswith(blocked)
+    return is_allowed
+
+
+def _try_fast(data: bytes, an: Analysis, resolver: StorageResolver | None,
+              base_offset: int) -> PickleScan | None:
+    """The fast path's answer, or None when it declines (then the exact path runs)."""
+    storages: dict[str, StorageUse] = {}
+
+    def check_pid(pid: tuple[Any, ...]) -> None:
+        # torch `_load.persistent_load`, zip flavour (FORMATS.md §2.2), narrowly
+        if len(pid) != 5 or pid[0] not in ("storage", b"storage"):
+            raise Decline("persistent id is not a 5-field storage tuple")
+        st, key, location, numel = pid[1:]
+        if (type(st) is not Global or type(key) is not str or type(location) is not str
+                or type(numel) is not int or numel < 0 or not restorable(location)):
+            raise Decline("unusual storage persistent id")
+        if st.full == "torch.storage.UntypedStorage":
+            dtype: str | None = "uint8"
+        else:
+            dtype = storage_dtype(st.module, st.name)
+        if dtype is None:
+            raise Decline(f"storage type {st.full}")
+        nbytes = numel * ITEMSIZE[dtype]
+        prev = storages.get(key)
+        if prev is not None:
+            if (prev.storage_type, prev.numel) != (st.full, numel):
+                raise Decline(f"storage {key!r} re-declared differently")
+            return
+        if resolver is not None and resolver.check(key, nbytes) is not None:
+            raise Decline(f"storage {key!r} does not match its record")
+        storages[key] = StorageUse(key=key, storage_type=st.full, dtype=dtype, numel=numel,
+                                   nbytes=nbytes, location=location, offset=-1)
+
+    def storage_info(p: PersId) -> tuple[str, int] | None:
+        use = storages.get(p.pid[2])
+        return (use.dtype, use.nbytes) if use is not None else None
+
+    def check_call(full: str, args: tuple[Any, ...]) -> str | None:
+        return check_rebuild(full, args, storage_info)
+
+    try:
+        fast = fast_load(data, allowed=allowed_checker(an.options.allow), check_pid=check_pid,
+                         check_call=check_call)
+    except Decline:
+        return None
+    return _as_scan(fast, list(storages.values()), base_offset)
+
+
+def global_uses(toks: Tokens, base_offset: int) -> list[GlobalUse]:
+    """The GLOBAL opcodes the opcode walk met, as the VM would have recorded them."""
+    proto = toks.protocol or 0
+    return [GlobalUse(*python_map(raw_module, raw_name, proto), raw_module, raw_name, "GLOBAL",
+                      base_offset + pos)
+            for _module, _name, raw_module, raw_name, pos in toks.globals]
+
+
+def _as_scan(fast: FastResult, storages: list[StorageUse], base_offset: int) -> PickleScan:
+    toks = fast.tokens
+    uses = global_uses(toks, base_offset)
+    # No calls for the threat analysis: every global is allowlisted and every call is a
+    # rebuild whose arguments fastpath.check_rebuild accepted, so there is nothing to find.
+    vm = VmResult(root=fast.root, complete=True, start=0, end=toks.end, protocol=toks.protocol,
+                  globals=uses, calls=[], persids=fast.persids)
+    wo = WeightsOnlyResult(loadable=True, error=None, root=fast.root, storages=storages,
+                           end=toks.end, protocol=toks.protocol)
+    return PickleScan(wo, vm, fast.root, storages, toks.end, fast=True)
+
+
+def _inspect_trailing(data: bytes, pos: int, an: Analysis, *, record: str | None,
+                      base_offset: int) -> None:
+    """Bytes after STOP: torch ignores them; another unpickler (or a later pickle.load on the
+    same stream) might not. A second pickle there is a classic hiding place."""
+    limits = an.options.limits
+    # one opcode budget for all of them: 16 pickles of 50 M opcodes each fit in 500 KB
+    left = limits.max_opcodes
+    for _ in range(limits.max_trailing_pickles):
+        rest = len(data) - pos
+        if rest <= 0:
+            return
+        if left <= 0:
+            an.add(Code.LIMIT_OPCODES, f"the pickles after STOP run past {limits.max_opcodes} "
+                   "opcodes together", record=record, offset=base_offset + pos)
+            return
+        nxt = run_vm(data, start=pos, base_offset=base_offset,
+                     limits=dataclasses.replace(limits, max_opcodes=left))
+        left -= nxt.opcode_count
+        if isinstance(nxt.error, LimitExceeded):   # fail closed: not judged is not clean
+            message = (f"the pickles after STOP run past {limits.max_opcodes} opcodes together"
+                       if nxt.error.code == Code.LIMIT_OPCODES else nxt.error.message)
+            an.add(nxt.error.code, message, record=record, offset=nxt.error.offset)
+            if nxt.globals:
+                assess(nxt, an, allow=an.options.allow, record=record)
+            return
+        if nxt.complete and (nxt.globals or nxt.opcode_count > 1):
+            an.add(Code.PICKLE_SECOND_PICKLE,
+                   f"a second pickle ({nxt.opcode_count} opcodes) follows STOP",
+                   record=record, offset=base_offset + pos)
+            assess(nxt, an, allow=an.options.allow, record=record)
+            pos = nxt.end
+            continue
+        if nxt.globals:  # an incomplete stream that still names globals: judge them
+            assess(nxt, an, allow=an.options.allow, record=record)
+        an.add(Code.PICKLE_TRAILING_DATA, f"{rest} bytes after STOP", record=record,
+               offset=base_offset + pos)
+        return
+
+
+def first_line(text: str) -> str:
+    """The first line of a message ("" stays "": torch raises a bare EOFError)."""
+    return text.split("\n", 1)[0]
+
+
+def set_weights_only(an: Analysis, error: TorchError | None, pickle_data: bytes | None, *,
+                     unsafe: list[str] | None = None, calls: list[Call] | None = None) -> None:
+    """Record torch's weights-only outcome in the report (+ a finding when it refuses).
+
+    `unsafe_globals` is `get_unsafe_globals_in_checkpoint`'s walk over `pickle_data` (the
+    main pickle; None when there is none, or when the fast path already proved every
+    global allowlisted), unless the caller passes the list itself (`unsafe`). `calls` are
+    the pickles' calls (the VM's): the hint's numpy DType classes come from them.
+    """
+    if unsafe is None:
+        listed = unsafe_globals(pickle_data, an.options.allow) if pickle_data else []
+        unsafe = listed if isinstance(listed, list) else []
+    benign = sorted(g.full for g in an.globals.values() if g.status == "benign")
+    if calls and "numpy.dtype" in benign:
+        benign = sorted(set(benign) | (numpy_dtype_classes(calls) - an.options.allow))
+    an.weights_only = WeightsOnly(
+        loadable=error is None,
+        error=first_line(error.message) if error else None,
+        error_type=error.type if error else None,
+        unsafe_globals=unsafe,
+        safe_globals_hint=safe_globals_hint(benign) if benign else None,
+    )
+    if error is not None:
+        message = first_line(error.message) or error.type
+        an.add(Code.TORCH_WEIGHTS_ONLY_FAILED, f"{error.type}: {message}", offset=error.offset)
+
+
+def numpy_dtype_classes(calls: list[Call]) -> set[str]:
+    """The numpy DType classes (`numpy.dtypes.UInt32DType`...) the `numpy.dtype(spec, ...)`
+    calls make: torch BUILDs on them, so the hint must allowlist them too."""
+    out = set()
+    for call in calls:
+        if isinstance(call.func, Global) and call.func.full == "numpy.dtype" \
+                and isinstance(call.args, tuple) and call.args:
+            cls = numpy_dtype_class(call.args[0])
+            if cls is not None:
+                out.add(cls)
+    return out

@@ -1,0 +1,297 @@
+"""The opcode walk in front of both C-speed paths (core.pickle.fast.stubs, core.pickle.fast.column_stubs).
+
+Strategy: the exact interpreters run ~1 M opcodes/s; the C unpickler is much faster but
+accepts opcodes torch's restricted unpickler refuses. So before the C unpickler sees a
+pickle, `tokenize` walks every opcode with one compiled regex (only GLOBAL, PROTO,
+EMPTY_LIST, long strings and STOP reach Python) and declines unless every opcode is in
+torch's accepted set (FORMATS.md §3.4), every GLOBAL is allowlisted and every memo index
+is small. `Decline` means: use the exact interpreters instead.
+
+Two things the C unpickler does on its own are not torch's: SETITEM on a list, and
+hashing a dict key however it was built (a tuple that holds one memoized tuple twice,
+nested 30 deep, takes 2**30 steps to hash: a 300-byte pickle that never finishes). So
+EMPTY_LIST and EMPTY_DICT are rewritten to build our `CheckedList` / `CheckedDict`,
+which refuse SETITEM and tuple keys; such pickles go to the exact interpreters, which
+hash each tuple of a DAG once.
+"""
+
+from __future__ import annotations
+
+import gc
+import io
+import pickle
+import re
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ckptguard.core.limits import MAX_BUILD_STATE_KEYS
+from ckptguard.core.pickle.renames import torch_map
+
+
+class Decline(Exception):
+    """A fast path cannot vouch for this input: use the exact interpreters."""
+
+
+_MAX_MEMO_INDEX_FLOOR = 1 << 20
+
+# Fixed-size opcodes torch accepts (FORMATS.md §3.4), as one possessive run: REDUCE
+# APPEND APPENDS SETITEM SETITEMS MARK TUPLE TUPLE1-3 EMPTY_TUPLE EMPTY_DICT EMPTY_SET NONE
+# NEWTRUE NEWFALSE BINPERSID; BININT1 BINGET BINPUT; BININT2; BININT LONG_BINGET; BINFLOAT;
+# LONG_BINPUT below 2**20; BINUNICODE under 256 bytes (one branch per length, so the regex
+# engine skips the string at C speed). The C unpickler skips an empty batch (MARK directly
+# followed by APPENDS/SETITEMS) on any object, where torch checks the object's type: such a
+# MARK stops the run, unless the batch follows a SETITEMS/APPENDS on the same object (what
+# pickle writes after an exact multiple of 1000 items), whose items the C unpickler could
+# only store into a dict/list.
+# BUILD, NEWOBJ, GLOBAL, PROTO, EMPTY_LIST, EMPTY_DICT, SHORT_BINSTRING, LONG1, longer
+# strings and STOP are handled in Python.
+_SHORT_UNICODE = b"|".join(re.escape(bytes((n,))) + rb"\x00\x00\x00(?s:.){%d}" % n
+                           for n in range(256))
+_ONE_OPCODE = (
+    rb"u(?:\(u)*|e(?:\(e)*|[Rast\x85\x86\x87)\x8fN\x88\x89Q]|\((?![eu])|[Khq][\x00-\xff]"
+    rb"|M[\x00-\xff]{2}"
+    rb"|X(?:" + _SHORT_UNICODE + rb")"
+    rb"|[Jj][\x00-\xff]{4}|r[\x00-\xff]{2}[\x00-\x0f]\x00|G[\x00-\xff]{8}")
+# An accelerator, not a rule: the opcodes torch.save writes for one state_dict entry
+# (key, then `_rebuild_tensor_v2(pid, offset, size, stride, requires_grad, OrderedDict())`),
+# as ONE regex branch. Every piece is one of the opcodes above, so a match consumes exactly
+# what the opcode-by-opcode branch would; it only saves the engine ~30 iterations per
+# tensor (halves the walk: bench/scan_stages.py).
+_PUT = rb"(?:q[\x00-\xff]|r[\x00-\xff]{2}[\x00-\x0f]\x00)"
+_GET = rb"(?:h[\x00-\xff]|j[\x00-\xff]{4})"
+_INT = rb"(?:K[\x00-\xff]|M[\x00-\xff]{2}|J[\x00-\xff]{4})"
+_STR = rb"X(?:" + _SHORT_UNICODE + rb")"
+_TUPLE = (rb"(?:" + _INT + rb"\x85" + _PUT + rb"?|" + _INT + _INT + rb"\x86" + _PUT + rb"?|"
+          + _INT * 3 + rb"\x87" + _PUT + rb"?|\x29|\x28" + _INT + rb"*+t" + _PUT + rb"?)")
+_TENSOR_ENTRY = (_STR + _PUT + rb"?" + _GET + rb"\x28\x28" + _GET + _GET + _STR + _PUT + rb"?"
+                 + _GET + _INT + rb"t" + _PUT + rb"?Q" + _INT + _TUPLE + _TUPLE
+                 + rb"[\x88\x89]" + _GET + rb"\x29R" + _PUT + rb"?t" + _PUT + rb"?R" + _PUT + rb"?")
+_RUN = re.compile(rb"(?:" + _TENSOR_ENTRY + rb"|" + _ONE_OPCODE + rb")*+")
+# the same walk that also lets NEWOBJ through (core.pickle.fast.stubs's stubs judge it)
+_RUN_NEWOBJ = re.compile(rb"(?:" + _TENSOR_ENTRY + rb"|\x81|" + _ONE_OPCODE + rb")*+")
+_U32 = struct.Struct("<I")
+# EMPTY_LIST / EMPTY_DICT -> `CheckedList()` / `CheckedDict()` (StubUnpickler.find_class)
+_REWRITES = {0x5D: b"c__ckptguard__\nlist\n)R", 0x7D: b"c__ckptguard__\ndict\n)R"}
+
+
+def _engine_sound() -> bool:
+    """Does this Python's `re` restore the position when a possessive repeat's last try
+    fails half-way? CPython 3.11.0-3.11.4 do not (gh-100061, gh-106052; fixed in 3.11.5):
+    the walk would then skip bytes and could hide an opcode from the checks. Probed with the
+    shapes that break (a LONG_BINPUT and a string cut short), and one sound run."""
+    probes = (b"Nr\xf0\xff\xff\xff.", b"NX\x05\x00\x00\x00ab.", b"X\x01\x00\x00\x00kq\x01h\x02(.")
+    expected = (1, 1, 11)
+    return all(_RUN.match(p).end() == e and _RUN_NEWOBJ.match(p).end() == e  # type: ignore[union-attr]
+               for p, e in zip(probes, expected, strict=True))
+
+
+# False on a Python whose regex engine mis-walks: every walk declines, the exact
+# interpreters decide (correct, ~20x slower on big checkpoints).
+ENGINE_SOUND = _engine_sound()
+
+
+@dataclass(slots=True)
+class Tokens:
+    """What the opcode walk learned about one pickle."""
+
+    globals: list[tuple[str, str, str, str, int]] = field(default_factory=list)
+    # (module, name, raw_module, raw_name, relative position of the GLOBAL opcode)
+    protocol: int | None = None
+    end: int = 0                       # relative position after STOP
+    builds: int = 0                    # BUILD opcodes (each must reach a stub's __setstate__)
+    rewritten: bytes | None = None     # data[:end] with EMPTY_LIST/EMPTY_DICT rewritten
+
+
+def tokenize(data: bytes, allowed: Callable[[str], bool], *, newobj: bool = False) -> Tokens:
+    """Walk the opcodes of one pickle; Decline on anything torch would not accept.
+
+    NEWOBJ declines too unless `newobj` (torch accepts it for a few classes only)."""
+    if not ENGINE_SOUND:
+        raise Decline("this Python's re mis-handles possessive repeats (fixed in 3.11.5)")
+    toks = Tokens()
+    pos = 0
+    n = len(data)
+    match = (_RUN_NEWOBJ if newobj else _RUN).match
+    pieces: list[bytes] = []
+    piece_start = 0
+    memo_cap = max(_MAX_MEMO_INDEX_FLOOR, n)
+    while True:
+        run = match(data, pos)   # `*+` always matches, possibly empty
+        if run is not None:
+            pos = run.end()
+        if pos >= n:
+            raise Decline("no STOP")
+        op = data[pos]
+        if op == 0x58:  # BINUNICODE of 256 bytes or more
+            if pos + 5 > n:
+                raise Decline("truncated")
+            pos += 5 + _U32.unpack_from(data, pos + 1)[0]
+        elif op == 0x63:  # GLOBAL
+            nl1 = data.find(b"\n", pos + 1)
+            nl2 = data.find(b"\n", nl1 + 1) if nl1 >= 0 else -1
+            if nl2 < 0:
+                raise Decline("truncated GLOBAL")
+            try:
+                raw_module = data[pos + 1:nl1].decode("utf-8")
+                raw_name = data[nl1 + 1:nl2].decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise Decline("GLOBAL not utf-8") from exc
+            module, name = torch_map(raw_module, raw_name)
+            if not allowed(f"{module}.{name}"):
+                raise Decline(f"global {module}.{name} is not allowlisted")
+            toks.globals.append((module, name, raw_module, raw_name, pos))
+            pos = nl2 + 1
+        elif op == 0x72:  # LONG_BINPUT with a large index: bound it (the C memo is an array)
+            if pos + 5 > n or _U32.unpack_from(data, pos + 1)[0] >= memo_cap:
+                raise Decline("memo index out of range")
+            pos += 5
+        elif op == 0x62:  # BUILD: counted, see StubUnpickler.load_or_decline
+            toks.builds += 1
+            pos += 1
+        elif op == 0x5D or op == 0x7D:  # EMPTY_LIST, EMPTY_DICT -> our checked stand-ins
+            pieces.append(data[piece_start:pos])
+            pieces.append(_REWRITES[op])
+            pos += 1
+            piece_start = pos
+        elif op == 0x55 or op == 0x8A:  # SHORT_BINSTRING, LONG1
+            if pos + 2 > n:
+                raise Decline("truncated")
+            pos += 2 + data[pos + 1]
+        elif op == 0x80:  # PROTO
+            if pos + 2 > n:
+                raise Decline("truncated")
+            toks.protocol = data[pos + 1]   # the last PROTO, as the interpreters report it
+            if data[pos + 1] > pickle.HIGHEST_PROTOCOL:
+                raise Decline("protocol beyond the C unpickler")
+            pos += 2
+        elif op == 0x2E:  # STOP
+            toks.end = pos + 1
+            break
+        else:  # incl. NEWOBJ: torch accepts it for a few classes only, left to the exact path
+            raise Decline(f"opcode {op} is not accepted here")
+        if pos > n:
+            raise Decline("argument past end")
+    if pieces:
+        pieces.append(data[piece_start:toks.end])
+        toks.rewritten = b"".join(pieces)
+    return toks
+
+
+class CheckedList(list[Any]):
+    """EMPTY_LIST: a list that, like torch's unpickler, refuses SETITEM."""
+
+    __slots__ = ()
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        raise Decline("SETITEM on a list")
+
+
+# dict keys the C-speed paths let the C unpickler hash: plain data, O(1) to hash
+PLAIN_KEYS = frozenset((str, int, bool, type(None), bytes, float))
+
+
+def check_key(key: Any) -> None:
+    """Decline a dict key that is not plain data: hashing a tuple visits every path through
+    it (a tuple DAG built from the memo: 2**depth steps, in C, with no way to stop it), and
+    storages, tensors, globals or NaN as keys are the exact interpreters' to judge."""
+    if type(key) not in PLAIN_KEYS or key != key:
+        raise Decline(f"a {type(key).__name__} dict key")
+
+
+class CheckedDict(dict[Any, Any]):
+    """EMPTY_DICT: a dict that takes only plain keys (`check_key`). Each key costs one
+    Python call (the C unpickler calls `__setitem__` of a dict subclass)."""
+
+    __slots__ = ()
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        if type(key) not in PLAIN_KEYS or key != key:   # check_key, inline: one call a key
+            check_key(key)
+        dict.__setitem__(self, key, value)
+
+
+# what StubUnpickler.find_class returns for the names of our own rewrites (_REWRITES)
+_REWRITTEN = {("__ckptguard__", "list"): CheckedList, ("__ckptguard__", "dict"): CheckedDict}
+
+
+class BuildLedger:
+    """The BUILDs one load's stubs judged (`__setstate__` calls) and the keys checked."""
+
+    __slots__ = ("count", "keys")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.keys = 0
+
+    def judge(self, state: Any) -> None:
+        """Decline unless `state` is what the fast paths may apply to an OrderedDict: a dict
+        with no dunder key (`{'__setstate__': f}` plants f: core.threats.assess judges that, on
+        the exact path)."""
+        self.count += 1
+        if type(state) is not CheckedDict:
+            raise Decline("BUILD on OrderedDict with a non-dict state")
+        self.keys += len(state)
+        if self.keys > MAX_BUILD_STATE_KEYS:
+            raise Decline("BUILD states with too many keys in all")
+        if any(type(k) is not str or k.startswith("__") for k in state):
+            raise Decline("BUILD on OrderedDict with a dunder or non-str key")
+
+
+class StubUnpickler(pickle.Unpickler):
+    """CPython's C unpickler over a pickle `tokenize` accepted, with stubs for globals.
+
+    `find_class` maps a name as torch does and asks `make_stub` once per name; strings
+    decode as torch.load decodes them. Each GLOBAL the C unpickler executes must be the
+    next one the walk saw (so its allowlist check covered it), else Decline: a second
+    line of defence should the walk ever lose its place. The input sits in a
+    BufferedReader: with `peek()` the C unpickler reads from its own buffer instead of
+    calling read() for every opcode (halves the load time).
+    """
+
+    def __init__(self, data: bytes, toks: Tokens) -> None:
+        source = toks.rewritten if toks.rewritten is not None else data[:toks.end]
+        stream = io.BufferedReader(io.BytesIO(source), buffer_size=max(len(source), 1))
+        super().__init__(stream, fix_imports=False, encoding="utf-8")
+        self.stubs: dict[tuple[str, str], Any] = {}
+        self.walked = [(module, name) for module, name, _, _, _ in toks.globals]
+        self.globals_met = 0
+        self.builds_expected = toks.builds
+        # every BUILD a stub's __setstate__ judged; the C unpickler runs BUILD on an object
+        # without __setstate__ itself (a None state does nothing at all, a slot state sets
+        # attributes), where torch refuses: such a BUILD must not pass unnoticed
+        self.builds = BuildLedger()
+
+    def make_stub(self, module: str, name: str) -> Any:
+        raise NotImplementedError
+
+    def find_class(self, module: str, name: str) -> Any:
+        if module == "__ckptguard__":   # our own rewrites (a pickle's own GLOBAL of this
+            return _REWRITTEN[module, name]   # name is not allowlisted: the walk declined it)
+        mapped = torch_map(module, name)
+        met = self.globals_met
+        if met >= len(self.walked) or self.walked[met] != mapped:
+            raise Decline(f"global {module}.{name} was not seen by the opcode walk")
+        self.globals_met = met + 1
+        stub = self.stubs.get(mapped)
+        if stub is None:
+            stub = self.stubs[mapped] = self.make_stub(*mapped)
+        return stub
+
+    def load_or_decline(self) -> Any:
+        """`load()`, with any failure a Decline and the cyclic GC paused meanwhile."""
+        gc_was_enabled = gc.isenabled()
+        gc.disable()  # millions of new containers: generational GC passes cost more than the load
+        try:
+            root = self.load()
+        except Decline:
+            raise
+        except Exception as exc:
+            raise Decline(f"{type(exc).__name__}: {exc}") from exc
+        finally:
+            if gc_was_enabled:
+                gc.enable()
+        if self.builds.count != self.builds_expected:
+            raise Decline("a BUILD on an object whose __setstate__ is not ours")
+        return root

@@ -1,0 +1,73 @@
+"""The mutable accumulator a scan fills while it walks the layers of a file.
+
+Format modules (core/formats/*) receive an `Analysis`, add findings, globals,
+tensors and storages to it, and set `weights_only`. `core.scan` then turns it into
+a `Report` and decides the verdict. Keeping the accumulator separate from the
+frozen report lets every layer report what it saw even when a later layer fails.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ckptguard.core.errors import CkptError, Code, Severity
+from ckptguard.core.limits import DEFAULT_LIMITS, Limits
+from ckptguard.core.report import (
+    Finding,
+    FormatName,
+    GlobalEntry,
+    GlobalStatus,
+    StorageEntry,
+    TensorEntry,
+    WeightsOnly,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ScanOptions:
+    """What the caller may choose: extra allowlisted globals (like add_safe_globals) and caps."""
+
+    allow: frozenset[str] = frozenset()
+    limits: Limits = DEFAULT_LIMITS
+    verify_crc: bool = False        # read whole records to check CRC-32 (costs a full read)
+
+
+@dataclass(slots=True)
+class Analysis:
+    options: ScanOptions = field(default_factory=ScanOptions)
+    format: FormatName = "unknown"
+    findings: list[Finding] = field(default_factory=list)
+    globals: dict[tuple[str, str], GlobalEntry] = field(default_factory=dict)
+    tensors: list[TensorEntry] = field(default_factory=list)
+    storages: list[StorageEntry] = field(default_factory=list)
+    weights_only: WeightsOnly | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+    io: dict[str, int] = field(default_factory=dict)   # read-side counts beyond the source's
+    # digests of the inline pickles (`pickle.loads(b'...')`) already interpreted: each once
+    nested_pickles: set[bytes] = field(default_factory=set)
+
+    def add(self, code: Code, message: str, *, record: str | None = None,
+            offset: int | None = None, severity: Severity | None = None) -> Finding:
+        finding = Finding(code, message, severity, record, offset)
+        self.findings.append(finding)
+        return finding
+
+    def add_error(self, exc: CkptError) -> Finding:
+        return self.add(exc.code, exc.message, record=exc.record, offset=exc.offset)
+
+    def note_global(self, module: str, name: str, status: GlobalStatus, *,
+                    record: str | None = None, offset: int | None = None,
+                    reason: str | None = None, count: int = 1) -> GlobalEntry:
+        """Count one more use of `module.name` (first occurrence keeps its offset)."""
+        key = (module, name)
+        entry = self.globals.get(key)
+        if entry is None:
+            entry = GlobalEntry(module, name, status, count, record, offset, reason)
+            self.globals[key] = entry
+        else:
+            entry.count += count
+        return entry
+
+    def has(self, code: Code) -> bool:
+        return any(f.code == code for f in self.findings)

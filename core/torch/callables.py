@@ -1,0 +1,1005 @@
+"""What torch 2.13's allowlisted callables do with the arguments a pickle gives them.
+
+Strategy: `weights_only` never calls anything; when torch would call an allowlisted
+function (REDUCE) or class (NEWOBJ), `call_allowed` checks the arguments the way the
+real callee would and returns an inert `Call` node typed with the class torch would
+produce (`attrs["type"]`). Errors are reproduced word for word where they were
+measured against torch 2.13 (tests/differential); any argument shape not measured
+raises `Fail` with type "Unmodelled" — never a guessed "loadable".
+
+Modelled (tests/differential): `_rebuild_tensor`/`_v2`/`_v3` (arity, storage type, set_
+checks: size/stride lengths, offset, negative stride, empty stride = contiguous, bounds
+on a non-resizable storage, requires_grad, metadata), `_rebuild_parameter[_with_state]`,
+`_rebuild_qtensor` (per-tensor / per-channel affine and float qparams, sub-byte packed
+bounds), `_rebuild_sparse_tensor`,
+`_rebuild_meta_tensor_no_storage`, `_rebuild_from_type_v2` (plain Tensor with attributes,
+user-allowlisted subclasses), OrderedDict/Counter/set/complex/bytearray/_codecs.encode/
+torch.Size/torch.device/_get_layout, calling a dtype/qscheme/StorageType. Unmodelled:
+nested, wrapper-subclass and device-copy rebuilders, legacy Tensor constructors
+(torch.FloatTensor(...), NEWOBJ of Tensor/Parameter), odd argument types.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ckptguard.core.torch.dtypes import (
+    DEVICE_TYPES,
+    FLOATING,
+    ITEMSIZE,
+    LAYOUTS,
+    PACKED_PER_BYTE,
+    STORAGE_DTYPE,
+    TORCH_DTYPE_GLOBALS,
+)
+from ckptguard.core.values import Call, Global, PersId
+
+QSCHEMES = frozenset(("per_tensor_affine", "per_tensor_symmetric", "per_channel_affine",
+                      "per_channel_symmetric", "per_channel_affine_float_qparams"))
+REBUILDERS = frozenset(f"torch._utils._rebuild_{n}" for n in (
+    "parameter", "parameter_with_state", "qtensor", "tensor", "tensor_v2", "tensor_v3",
+    "sparse_tensor", "meta_tensor_no_storage", "nested_tensor", "wrapper_subclass",
+    "device_tensor_from_numpy", "device_tensor_from_cpu_tensor"))
+_TENSOR_TYPES = ("BFloat16", "Bool", "Byte", "Char", "Double", "Float", "Half", "Int", "Long", "Short")
+TENSOR_TYPE_GLOBALS = frozenset(
+    [f"torch.{t}Tensor" for t in _TENSOR_TYPES] + [f"torch.cuda.{t}Tensor" for t in _TENSOR_TYPES]
+    + [f"torch.sparse.{t}Tensor" for t in _TENSOR_TYPES if t != "Bool"]
+    + [f"torch.cuda.sparse.{t}Tensor" for t in _TENSOR_TYPES if t != "Bool"])
+STORAGE_GLOBALS = frozenset([f"torch.{s}" for s in STORAGE_DTYPE]
+                            + [f"torch.cuda.{s}" for s in STORAGE_DTYPE if not s.startswith("Q")])
+# class name -> the metaclass torch reports for `type(cls)` (measured: tests/differential)
+CLASSES: dict[str, str] = {
+    "collections.OrderedDict": "type", "collections.Counter": "type", "torch.Size": "type",
+    "torch.device": "type", "builtins.bytearray": "type", "builtins.set": "type",
+    "builtins.complex": "type", "torch.storage.TypedStorage": "type",
+    "torch.storage.UntypedStorage": "type",
+    "torch.nn.parameter.Parameter": "torch.nn.parameter._ParameterMeta",
+    "torch.Tensor": "torch._C._TensorMeta",
+}
+# how `str(cls)` renders an allowlisted class that is not a builtin
+_CLASS_STR = {"builtins.bytearray": "bytearray", "builtins.set": "set", "builtins.complex": "complex"}
+# the setter `tensor.requires_grad = True` (_rebuild_tensor_v2) and requires_grad_() /
+# `torch.empty(requires_grad=True)` (Parameter, _rebuild_tensor_v3) word it differently
+_NO_GRAD_SETTER = "only Tensors of floating point and complex dtype can require gradients"
+_NO_GRAD = "Only Tensors of floating point and complex dtype can require gradients"
+_LEAF_IN_PLACE = "a leaf Variable that requires grad is being used in an in-place operation."
+_DEVICE_TYPES = ", ".join(DEVICE_TYPES)
+INT64_SAFE = 1 << 62   # ints below this are exact through every product we form (shared with fastpath)
+# data descriptors of torch.Tensor / nn.Parameter: setattr on them is not a plain store
+# (tests/differential checks this list against torch)
+TENSOR_DESCRIPTORS = frozenset("""
+H T __class__ __cuda_array_interface__ __dict__ __weakref__ _backward_hooks _base _cdata _grad
+_grad_fn _has_symbolic_sizes_strides _post_accumulate_grad_hooks _python_dispatch _version data device
+dtype grad grad_dtype grad_fn imag is_cpu is_cuda is_ipu is_leaf is_maia is_meta is_mkldnn is_mps is_mtia
+is_nested is_quantized is_sparse is_sparse_csr is_vulkan is_xla is_xpu itemsize layout mH mT name nbytes
+ndim output_nr real requires_grad retains_grad shape volatile""".split())
+_SPARSE_LAYOUTS = frozenset(("torch.sparse_coo", "torch.sparse_csr", "torch.sparse_csc", "torch.sparse_bsr",
+                             "torch.sparse_bsc"))
+_QDTYPES = frozenset(("qint8", "quint8", "qint32", "quint4x2", "quint2x4"))
+_REAL_FLOATING = frozenset(("float64", "float32", "float16", "bfloat16"))
+# per-channel qparam tensor dtypes whose behaviour was measured (others: Unmodelled)
+_QPARAM_DTYPES = _REAL_FLOATING | frozenset(("int64", "int32", "int16", "int8", "uint8", "bool",
+                                             "complex64", "complex128"))
+
+
+class Fail(Exception):
+    """torch would raise `type(message)` here (or: we did not model what it would do)."""
+
+    def __init__(self, type_: str, message: str) -> None:
+        super().__init__(type_, message)
+        self.type = type_
+        self.message = message
+
+
+def unmodelled(what: str) -> Fail:
+    return Fail("Unmodelled", f"not modelled: {what}")
+
+
+@dataclass(frozen=True, slots=True)
+class StorageInfo:
+    """What torch's persistent_load returned: a TypedStorage of `dtype` over `nbytes` bytes."""
+
+    key: str
+    dtype: str
+    nbytes: int
+    resizable: bool = False   # legacy loads allocate fresh (resizable) storages
+
+
+StorageOf = Callable[[Any], StorageInfo | None]
+
+
+def global_kind(full: str) -> str:
+    """`type(obj)` of an allowlisted global, as torch renders it inside `<class '...'>`."""
+    if full in CLASSES:
+        return CLASSES[full]
+    module, _, name = full.rpartition(".")
+    if module == "torch" and name in TORCH_DTYPE_GLOBALS:
+        return "torch.dtype"
+    if module == "torch" and name in QSCHEMES:
+        return "torch.qscheme"
+    if full in STORAGE_GLOBALS:
+        return "torch.serialization.StorageType"
+    if full in TENSOR_TYPE_GLOBALS:
+        return "torch.tensortype"
+    if full == "_codecs.encode":
+        return "builtin_function_or_method"
+    if full in REBUILDERS or full in ("torch.serialization._get_layout",
+                                      "torch._tensor._rebuild_from_type_v2"):
+        return "function"
+    return "?"
+
+
+def type_name(v: Any, storage_of: StorageOf) -> str | None:
+    """The name inside torch's `<class '...'>` for `type(v)`; None if not modelled."""
+    if v is None:
+        return "NoneType"
+    if isinstance(v, (bool, int, float, str, bytes, list, tuple, dict, set, frozenset)):
+        return type(v).__name__
+    if isinstance(v, Call):
+        t = v.attrs.get("type")
+        return t if isinstance(t, str) else None
+    if isinstance(v, PersId):
+        return "torch.storage.TypedStorage" if storage_of(v) is not None else None
+    if isinstance(v, Global):
+        kind = global_kind(v.full)
+        return None if kind == "?" else kind
+    return None
+
+
+def class_repr(name: str) -> str:
+    return f"<class '{name}'>"
+
+
+def str_value(v: Any, storage_of: StorageOf, depth: int = 0) -> str | None:
+    """`str(v)` as torch would print it in a message; None where it depends on data."""
+    if depth > 50:
+        return None
+    if v is None or isinstance(v, (bool, int, float, str, bytes)):
+        return str(v) if depth == 0 or not isinstance(v, (str, bytes)) else repr(v)
+    if isinstance(v, (list, tuple, set, dict)) and len(v) > 10_000:
+        return None  # torch would print it all; we do not build megabyte messages
+    if isinstance(v, (list, tuple, set)):
+        parts = [str_value(x, storage_of, depth + 1) for x in v]
+        if any(p is None for p in parts):
+            return None
+        if isinstance(v, set):
+            return "{" + ", ".join(parts) + "}" if parts else "set()"  # type: ignore[arg-type]
+        body = ", ".join(parts)  # type: ignore[arg-type]
+        if isinstance(v, list):
+            return f"[{body}]"
+        return f"({body},)" if len(parts) == 1 else f"({body})"
+    if isinstance(v, dict):
+        items = []
+        for k, x in v.items():
+            ks, xs = str_value(k, storage_of, depth + 1), str_value(x, storage_of, depth + 1)
+            if ks is None or xs is None:
+                return None
+            items.append(f"{ks}: {xs}")
+        return "{" + ", ".join(items) + "}"
+    if isinstance(v, Global):
+        kind = global_kind(v.full)
+        if kind == "torch.dtype" or kind == "torch.qscheme":
+            return v.full
+        if kind == "torch.serialization.StorageType":
+            return f"StorageType(dtype=torch.{STORAGE_DTYPE[v.name]})"
+        if v.full in CLASSES or kind == "torch.tensortype":
+            return class_repr(_CLASS_STR.get(v.full, v.full))
+    return None  # functions print their address; tensors print their data
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _int_seq(v: Any) -> tuple[int, ...] | None:
+    """A size/stride argument that set_() accepts (tuple/list/torch.Size of ints), else None."""
+    if isinstance(v, Call) and v.attrs.get("type") == "torch.Size":
+        seq = v.attrs.get("value")
+        return seq if isinstance(seq, tuple) else None
+    if isinstance(v, (tuple, list)) and all(_is_int(x) and abs(x) < INT64_SAFE for x in v):
+        return tuple(v)
+    return None
+
+
+def _dtype_of(v: Any) -> str | None:
+    if isinstance(v, Global) and v.module == "torch" and v.name in TORCH_DTYPE_GLOBALS:
+        return v.name
+    return None
+
+
+def _tensor(t: str, dtype: str | None, shape: tuple[int, ...] | None, func: Global, args: Any,
+            opcode: str, offset: int, requires_grad: bool = False) -> Call:
+    c = Call(func, args, opcode, offset)
+    c.attrs.update(type=t, dtype=dtype, shape=shape, requires_grad=requires_grad)
+    return c
+
+
+def _arity(name: str, args: tuple[Any, ...], names: tuple[str, ...], optional: int = 0) -> None:
+    """Python's TypeError for a plain positional function `name(*names)`."""
+    n, hi = len(args), len(names)
+    lo = hi - optional
+    if n < lo:
+        missing = names[n:lo]
+        if len(missing) == 1:
+            raise Fail("TypeError", f"{name}() missing 1 required positional argument: '{missing[0]}'")
+        quoted = [f"'{m}'" for m in missing]
+        # CPython's format_missing: "'a' and 'b'", "'a', 'b', and 'c'"
+        text = (f"{quoted[0]} and {quoted[1]}" if len(quoted) == 2
+                else ", ".join(quoted[:-1]) + f", and {quoted[-1]}")
+        raise Fail("TypeError", f"{name}() missing {len(missing)} required positional arguments: {text}")
+    if n > hi:
+        span = f"from {lo} to {hi}" if optional else f"{hi}"
+        verb = "was" if n == 1 else "were"
+        raise Fail("TypeError", f"{name}() takes {span} positional argument{'s' if hi != 1 else ''} "
+                   f"but {n} {verb} given")
+
+
+def _set_args(offset: Any, size: Any, stride: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """`Tensor.set_`'s argument parsing: (size, stride); Unmodelled unless plain ints."""
+    # torch's argument parser unpacks stride before size (measured), then the offset
+    for what, values in (("stride", stride), ("size", size)):
+        if isinstance(values, (tuple, list)) and all(map(_is_int, values)):
+            for pos, v in enumerate(values, 1):
+                if not -(1 << 63) <= v < 1 << 63:
+                    raise Fail("TypeError", f"set_(): argument '{what}' failed to unpack the object "
+                               f'at pos {pos} with error "Overflow when unpacking long long')
+    if _is_int(offset) and not -(1 << 63) <= offset < 1 << 63:
+        raise Fail("ValueError", "Overflow when unpacking long long")
+    shape, strides = _int_seq(size), _int_seq(stride)
+    if not _is_int(offset) or shape is None or strides is None or abs(offset) >= INT64_SAFE:
+        raise unmodelled("set_() with a non-int offset or size/stride that is not a sequence of ints")
+    return shape, strides
+
+
+def _check_view(st: StorageInfo, itemsize: int, offset: Any, size: Any, stride: Any, *,
+                quantized: bool = False) -> tuple[int, ...]:
+    """`Tensor.set_(storage, offset, size, stride)` on a non-resizable storage (FORMATS.md §2.6)."""
+    shape, strides = _set_args(offset, size, stride)
+    if not strides and shape:
+        # an empty stride means "not given": set_ uses contiguous strides (measured)
+        acc, rev = 1, []
+        for dim in reversed(shape):
+            rev.append(acc)
+            acc *= max(dim, 1)
+        strides = tuple(reversed(rev))
+    if len(shape) != len(strides):
+        raise Fail("RuntimeError", f"unequal size length ({len(shape)}) and stride length ({len(strides)})")
+    if offset < 0:
+        raise Fail("RuntimeError", f"Tensor: invalid storage offset {offset}")
+    if any(s < 0 for s in shape):
+        raise unmodelled("negative size")
+    numel = 1
+    for s in shape:
+        numel *= s
+        if numel >= INT64_SAFE:  # stop before the product becomes a huge int
+            break
+    if numel >= INT64_SAFE:
+        raise unmodelled("element count near int64 overflow")
+    if numel == 0:
+        return shape
+    if any(s < 0 for s in strides):
+        raise Fail("RuntimeError", f"Storage size calculation overflowed with sizes={list(shape)} and "
+                   f"strides={list(strides)}")
+    extent = offset + 1 + sum((s - 1) * d for s, d in zip(shape, strides, strict=True))
+    if extent * itemsize >= INT64_SAFE:
+        raise unmodelled("storage extent near int64 overflow")
+    # sub-byte quantized dtypes pack several elements per byte: the bytes needed round up
+    # (measured with torch 2.13: quint4x2 needs ceil(elements / 2), quint2x4 ceil(elements / 4))
+    per_byte = PACKED_PER_BYTE.get(st.dtype, 1) if quantized else 1
+    needed = -(-extent // per_byte) if per_byte > 1 else extent * itemsize
+    if needed > st.nbytes:
+        if st.resizable:
+            raise unmodelled("view past the end of a resizable (legacy) storage")
+        if quantized:  # QTensorImpl's set_storage checks bounds itself
+            raise Fail("RuntimeError", f"setStorage: sizes {_arr(shape)}, strides {_arr(strides)}, storage "
+                       f"offset {offset}, and itemsize {itemsize} requiring a storage size of "
+                       f"{needed} are out of bounds for storage of size {st.nbytes}")
+        raise Fail("RuntimeError", "Trying to resize storage that is not resizable")
+    return shape
+
+
+def _arr(values: tuple[int, ...]) -> str:
+    return "[" + ", ".join(map(str, values)) + "]"
+
+
+def _requires_grad(rg: Any, dtype: str) -> bool:
+    """`tensor.requires_grad = rg` (in _rebuild_tensor_v2)."""
+    if not isinstance(rg, bool):
+        raise Fail("RuntimeError", "requires_grad must be a bool")
+    if rg and dtype not in FLOATING:
+        raise Fail("RuntimeError", _NO_GRAD_SETTER)
+    return rg
+
+
+def _check_metadata(metadata: Any, dtype: str) -> None:
+    if metadata is None or metadata == {}:
+        return
+    if isinstance(metadata, (list, tuple, int, str, float)) and not isinstance(metadata, bool):
+        if not metadata:
+            return
+        raise Fail("AssertionError", f"expected dict, got {type(metadata).__name__}")
+    if isinstance(metadata, dict) and set(metadata) <= {"conj", "neg"} and all(
+            x is True for x in metadata.values()):
+        if "conj" in metadata and not dtype.startswith("complex"):
+            raise unmodelled("conj metadata on a real dtype (torch INTERNAL ASSERT)")
+        return
+    raise unmodelled("tensor metadata other than {'conj': True} / {'neg': True}")
+
+
+def _storage_arg(v: Any, storage_of: StorageOf, attr: str) -> StorageInfo:
+    st = storage_of(v) if isinstance(v, PersId) else None
+    if st is not None:
+        return st
+    if v is None or isinstance(v, (bool, int, float, str, tuple, list, dict)):
+        tn = type_name(v, storage_of)
+        raise Fail("AttributeError", f"'{tn}' object has no attribute '{attr}'")
+    raise unmodelled(f"storage argument of type {type_name(v, storage_of)}")
+
+
+def _rebuild_tensor(func: Global, args: tuple[Any, ...], so: StorageOf, opcode: str, off: int) -> Call:
+    _arity("_rebuild_tensor", args, ("storage", "storage_offset", "size", "stride"))
+    st = _storage_arg(args[0], so, "dtype")
+    shape = _check_view(st, ITEMSIZE[st.dtype], args[1], args[2], args[3])
+    return _tensor("torch.Tensor", st.dtype, shape, func, args, opcode, off)
+
+
+def _rebuild_tensor_v2(func: Global, args: tuple[Any, ...], so: StorageOf, opcode: str,
+                       off: int) -> Call:
+    _arity("_rebuild_tensor_v2", args, ("storage", "storage_offset", "size", "stride",
+                                        "requires_grad", "backward_hooks", "metadata"), 1)
+    st = _storage_arg(args[0], so, "dtype")
+    shape = _check_view(st, ITEMSIZE[st.dtype], args[1], args[2], args[3])
+    rg = _requires_grad(args[4], st.dtype)
+    _check_metadata(args[6] if len(args) > 6 else None, st.dtype)
+    return _tensor("torch.Tensor", st.dtype, shape, func, args, opcode, off, rg)
+
+
+def _rebuild_tensor_v3(func: Global, args: tuple[Any, ...], so: StorageOf, opcode: str,
+                       off: int) -> Call:
+    _arity("_rebuild_tensor_v3", args, ("storage", "storage_offset", "size", "stride",
+                                        "requires_grad", "backward_hooks", "dtype", "metadata"), 1)
+    st = _storage_arg(args[0], so, "_untyped_storage")
+    dtype = _dtype_of(args[6])
+    if dtype is None or dtype not in ITEMSIZE:
+        raise unmodelled("_rebuild_tensor_v3 dtype argument that is not a torch dtype")
+    if not isinstance(args[4], bool):
+        raise unmodelled("_rebuild_tensor_v3 requires_grad that is not a bool")
+    if args[4]:
+        # torch.empty(dtype=..., requires_grad=True) refuses the dtype, or else the set_()
+        # that follows parses its arguments and refuses to change a leaf requiring grad
+        # (measured: before any offset/size/bounds check), so v3 never keeps requires_grad
+        if dtype not in FLOATING:
+            raise Fail("RuntimeError", _NO_GRAD)
+        _set_args(args[1], args[2], args[3])
+        raise Fail("RuntimeError", _LEAF_IN_PLACE)
+    shape = _check_view(st, ITEMSIZE[dtype], args[1], args[2], args[3])
+    _check_metadata(args[7] if len(args) > 7 else None, dtype)
+    return _tensor("torch.Tensor", dtype, shape, func, args, opcode, off)
+
+
+def _rebuild_parameter(func: Global, args: tuple[Any, ...], so: StorageOf, opcode: str,
+                       off: int) -> Call:
+    with_state = func.name == "_rebuild_parameter_with_state"
+    names = ("data", "requires_grad", "backward_hooks") + (("state",) if with_state else ())
+    _arity(func.name, args, names)
+    data = args[0]
+    dtype: Any
+    shape: Any
+    if data is None:  # Parameter.__new__: data=None -> torch.empty(0)
+        dtype, shape = "float32", (0,)
+    elif isinstance(data, Call) and data.attrs.get("type") in ("torch.Tensor",
+                                                                "torch.nn.parameter.Parameter"):
+        dtype, shape = data.attrs.get("dtype"), data.attrs.get("shape")
+    elif isinstance(data, (bool, int, float, str, tuple, list, dict)):
+        raise Fail("AttributeError", f"'{type_name(data, so)}' object has no attribute 'detach'")
+    else:
+        raise unmodelled("Parameter data that is not a plain tensor")
+    rg = args[1]
+    if not isinstance(rg, bool):
+        tn = type_name(rg, so)
+        if not (rg is None or isinstance(rg, (int, float, str, tuple, list, dict)) or tn in (
+                "function", "builtin_function_or_method", "type")):
+            raise unmodelled("the type name of a requires_grad argument")
+        raise Fail("TypeError", "_make_subclass(): argument 'require_grad' (position 3) must be bool, "
+                   f"not {tn}")
+    if rg and dtype not in FLOATING:
+        if dtype not in ITEMSIZE:
+            raise unmodelled(f"requires_grad on dtype {dtype}")
+        raise Fail("RuntimeError", _NO_GRAD)
+    if with_state:
+        _set_obj_state(args[3], so)
+    return _tensor("torch.nn.parameter.Parameter", dtype, shape, func, args, opcode, off, rg)
+
+
+def _set_obj_state(state: Any, so: StorageOf) -> None:
+    """torch._utils._set_obj_state: setattr for each item of the dict (and slots) state."""
+    if isinstance(state, tuple):
+        if len(state) != 2:
+            raise unmodelled("an invalid serialized state tuple")
+        parts = list(state)
+    else:
+        parts = [state]
+    for part in parts:
+        if part is None or part == {} or part == () or part is False or part == 0:
+            continue
+        if not isinstance(part, dict):
+            raise unmodelled("an object state that is not a dict")
+        for k in part:
+            if not isinstance(k, str):
+                raise Fail("TypeError", f"attribute name must be string, not '{type_name(k, so)}'")
+            if k in TENSOR_DESCRIPTORS or k.startswith("__"):
+                raise unmodelled(f"setting tensor attribute {k!r}")
+
+
+def _is_tensor(v: Any, dtypes: frozenset[str] | None = None) -> bool:
+    return (isinstance(v, Call) and v.attrs.get("type") == "torch.Tensor"
+            and (dtypes is None or v.attrs.get("dtype") in dtypes))
+
+
+def _rebuild_from_type_v2(func: Global, args: tuple[Any, ...], so: StorageOf, opcode: str,
+                          off: int) -> Call:
+    _arity("_rebuild_from_type_v2", args, ("func", "new_type", "args", "state"))
+    inner, new_type, inner_args, state = args
+    if not isinstance(inner, Global) or inner.full not in _MODELS:
+        raise unmodelled("_rebuild_from_type_v2 of a callable that is not a modelled rebuilder")
+    ret = call_allowed(inner, inner_args, so, opcode, off)
+    if not isinstance(new_type, Global):
+        raise unmodelled("_rebuild_from_type_v2 with a new_type that is not a global")
+    if new_type.full == "torch.Tensor" and ret.attrs.get("type") == "torch.Tensor":
+        _set_obj_state(state, so)
+        t = "torch.Tensor"
+    elif new_type.full not in ALLOWED_CLASSES and not new_type.full.startswith("torch."):
+        # a user-allowlisted Tensor subclass: its __setstate__ is the user's business
+        if ret.attrs.get("type") != "torch.Tensor":
+            raise unmodelled("_rebuild_from_type_v2 of a non-tensor result")
+        t = new_type.full
+    else:
+        raise unmodelled(f"_rebuild_from_type_v2 to {new_type.full}")
+    c = Call(func, args, opcode, off)
+    c.attrs.update(ret.attrs)
+    c.attrs["type"] = t
+    return c
+
+
+def _rebuild_qtensor(func: Global, args: tuple[Any, ...], so: StorageOf, opcode: str, off: int) -> Call:
+    _arity("_rebuild_qtensor", args, ("storage", "storage_offset", "size", "stride", "quantizer_params",
+                                      "requires_grad", "backward_hooks"))
+    q = args[4]
+    # torch reads quantizer_params[0] first, then compares it with the qschemes
+    if q is None or isinstance(q, (bool, int, float)):
+        raise Fail("TypeError", f"'{type_name(q, so)}' object is not subscriptable")
+    if isinstance(q, (tuple, list, str)) and not q:
+        raise Fail("IndexError", f"{type(q).__name__} index out of range")
+    if not isinstance(q, tuple):
+        raise unmodelled("_rebuild_qtensor with odd qparams")
+    if not isinstance(q[0], Global) or global_kind(q[0].full) != "torch.qscheme" or q[0].name not in (
+            "per_tensor_affine", "per_channel_affine", "per_channel_affine_float_qparams"):
+        text = str_value(q[0], so)
+        if text is None or isinstance(q[0], (list, tuple, dict)):
+            raise unmodelled("_rebuild_qtensor with an odd qscheme")
+        raise Fail("RuntimeError", f"Can't deserialize quantized tensor with qscheme {text}")
+    scheme = q[0].full
+    st = _storage_arg(args[0], so, "dtype")
+    shape = _int_seq(args[2])
+    if shape is None:
+        raise unmodelled("_rebuild_qtensor size")
+    if scheme == "torch.per_tensor_affine" and len(q) == 3 and isinstance(q[1], float) and _is_int(q[2]):
+        if st.dtype not in _QDTYPES and st.dtype in ITEMSIZE and all(x >= 0 for x in shape):
+            raise Fail("RuntimeError", "Creation of quantized tensor requires quantized dtype like "
+                       "torch.quint8")
+    elif scheme in ("torch.per_channel_affine", "torch.per_channel_affine_float_qparams") \
+            and len(q) == 4 and _is_int(q[3]):
+        axis = q[3]
+        if not 0 <= axis < len(shape):
+            raise Fail("ValueError", f"_rebuild_qtensor: per_channel axis {axis} out of range for size "
+                       f"{shape}")
+        scales, zps = q[1], q[2]
+        if not (_is_tensor(scales, _QPARAM_DTYPES) and _is_tensor(zps, _QPARAM_DTYPES)):
+            raise unmodelled("per-channel qparams that are not tensors of a measured dtype")
+        ns, nz = _numel(scales.attrs.get("shape")), _numel(zps.attrs.get("shape"))
+        if ns is None or nz is None or len(scales.attrs["shape"]) != 1 or len(zps.attrs["shape"]) != 1:
+            raise unmodelled("per-channel qparams of odd shape")
+        if ns != shape[axis] or nz != shape[axis]:
+            raise Fail("ValueError", "_rebuild_qtensor: per_channel scales/zero_points length must equal "
+                       f"size[axis]={shape[axis]}, got scales={ns}, zero_points={nz}")
+        # measured with torch 2.13 over both schemes and every q dtype: any zero-point dtype
+        # is accepted, scales must be a real floating dtype
+        if scales.attrs.get("dtype") not in _REAL_FLOATING:
+            raise Fail("RuntimeError", "scale tensor must be floating point")
+    else:
+        raise unmodelled(f"_rebuild_qtensor with qscheme {scheme}")
+    if any(x < 0 for x in shape) or args[5] is not False or st.dtype not in _QDTYPES:
+        raise unmodelled("_rebuild_qtensor with negative sizes, requires_grad or a non-q storage")
+    shape = _check_view(st, ITEMSIZE[st.dtype], args[1], args[2], args[3], quantized=True)
+    return _tensor("torch.Tensor", st.dtype, shape, func, args, opcode, off)
+
+
+def _numel(shape: Any) -> int | None:
+    if not isinstance(shape, tuple):
+        return None
+    n = 1
+    for x in shape:
+        n *= x
+    return n
+
+
+def _rebuild_sparse_tensor(func: Global, args: tuple[Any, ...], so: StorageOf, opcode: str,
+                           off: int) -> Call:
+    _arity("_rebuild_sparse_tensor", args, ("layout", "data"))
+    layout, data = args
+    kind = layout.attrs.get("value") if isinstance(layout, Call) and layout.attrs.get(
+        "type") == "torch.layout" else None
+    if kind is None:
+        err = hash_error(layout, so)  # `layout in {torch.sparse_csr, ...}` hashes it
+        if err is not None:
+            raise Fail("TypeError", err)
+    if kind not in _SPARSE_LAYOUTS:
+        text = kind if kind is not None else str_value(layout, so)
+        if text is None:
+            raise unmodelled("the text of a sparse layout argument")
+        raise Fail("NotImplementedError", f"rebuilding sparse tensor for layout {text}")
+    if kind == "torch.sparse_coo" and isinstance(data, tuple) and len(data) in (3, 4):
+        indices, values, size = data[:3]
+        coalesced = data[3] if len(data) == 4 else None
+        dims = _int_seq(size)
+        if (_is_tensor(indices, frozenset(("int64",))) and _is_tensor(values) and dims is not None
+                and (coalesced is None or isinstance(coalesced, bool))):
+            ishape, vshape = indices.attrs.get("shape"), values.attrs.get("shape")
+            if (isinstance(ishape, tuple) and isinstance(vshape, tuple) and len(ishape) == 2
+                    and len(vshape) >= 1 and vshape[0] == ishape[1]
+                    and len(dims) == ishape[0] + len(vshape) - 1 and tuple(dims[ishape[0]:]) == vshape[1:]
+                    and all(d >= 0 for d in dims)):
+                return _tensor("torch.Tensor", values.attrs.get("dtype"), dims, func, args, opcode, off)
+    if kind != "torch.sparse_coo" and isinstance(data, tuple) and len(data) == 4:
+        # torch.sparse_compressed_tensor(check_invariants=False) accepts any tensor shapes
+        # (measured); the invariants are only checked when the user enables them
+        dims = _int_seq(data[3])
+        if all(_is_tensor(x) for x in data[:3]) and dims is not None and all(d >= 0 for d in dims):
+            return _tensor("torch.Tensor", data[2].attrs.get("dtype"), dims, func, args, opcode, off)
+    raise unmodelled("a sparse tensor of this layout/shape")
+
+
+def _rebuild_meta(func: Global, args: tuple[Any, ...], so: StorageOf, opcode: str, off: int) -> Call:
+    _arity("_rebuild_meta_tensor_no_storage", args, ("dtype", "size", "stride", "requires_grad"))
+    dtype, size, stride = _dtype_of(args[0]), _int_seq(args[1]), _int_seq(args[2])
+    if (dtype is None or size is None or stride is None or len(size) != len(stride)
+            or any(x < 0 for x in size + stride) or args[3] is not False):
+        raise unmodelled("_rebuild_meta_tensor_no_storage with these arguments")
+    return _tensor("torch.Tensor", dtype, size, func, args, opcode, off)
+
+
+def _simple(type_: str, **attrs: Any) -> Callable[[Global, tuple[Any, ...], StorageOf, str, int], Call]:
+    def make(func: Global, args: tuple[Any, ...], so: StorageOf, opcode: str, off: int) -> Call:
+        c = Call(func, args, opcode, off)
+        c.attrs.update(type=type_, **attrs)
+        return c
+    return make
+
+
+def _iterable_arg(v: Any, so: StorageOf) -> None:
+    if v is None or isinstance(v, (bool, int, float)):
+        raise Fail("TypeError", f"'{type_name(v, so)}' object is not iterable")
+
+
+def _ordered_dict(func: Global, args: tuple[Any, ...], so: StorageOf, opcode: str, off: int) -> Call:
+    tname = "collections.OrderedDict" if func.name == "OrderedDict" else "collections.Counter"
+    if args == ():
+        return _simple(tname)(func, args, so, opcode, off)
+    if len(args) == 1:
+        if args[0] is None and tname == "collections.Counter":  # Counter.update(None) is a no-op
+            return _simple(tname)(func, args, so, opcode, off)
+        _iterable_arg(args[0], so)
+        if isinstance(args[0], dict) or (isinstance(args[0], (list, tuple)) and not args[0]):
+            return _simple(tname)(func, args, so, opcode, off)
+    raise unmodelled(f"{func.full} with arguments")
+
+
+def _set(func: Global, args: tuple[Any, ...], so: StorageOf, opcode: str, off: int) -> Call:
+    if len(args) > 1:
+        raise Fail("TypeError", f"set expected at most 1 argument, got {len(args)}")
+    if args:
+        _iterable_arg(args[0], so)
+        if not isinstance(args[0], (list, tuple, set, str)):
+            raise unmodelled("set() of a non-list")
+        for x in args[0]:
+            err = hash_error(x, so)
+            if err is not None:
+                raise Fail("TypeError", err)
+    return _simple("set")(func, args, so, opcode, off)
+
+
+def _complex(func: Global, args: tuple[Any, ...], so: StorageOf, opcode: str, off: int) -> Call:
+    if len(args) > 2:
+        raise Fail("TypeError", f"complex() takes at most 2 arguments ({len(args)} given)")
+    if all(isinstance(a, float) or (isinstance(a, int) and abs(a) < 1 << 1000) for a in args):
+        return _simple("complex")(func, args, so, opcode, off)
+    raise unmodelled("complex() of non-numbers")
+
+
+def _encode(func: Global, args: tuple[Any, ...], so: StorageOf, opcode: str, off: int) -> Call:
+    if len(args) == 2 and isinstance(args[0], str) and args[1] in ("latin1", "latin-1"):
+        try:
+            value = args[0].encode("latin-1")
+        except UnicodeEncodeError as exc:
+            raise Fail("UnicodeEncodeError", str(exc)) from None
+        return _simple("bytes", value=value)(func, args, so, opcode, off)
+    raise unmodelled("_codecs.encode other than (str, 'latin1')")
+
+
+def _bytearray(func: Global, args: tuple[Any, ...], so: StorageOf, opcode: str, off: int) -> Call:
+    if args == () or (len(args) == 1 and isinstance(args[0], Call)
+                      and args[0].attrs.get("type") == "bytes"):
+        return _simple("bytearray")(func, args, so, opcode, off)
+    if len(args) == 1 and isinstance(args[0], str):
+        raise Fail("TypeError", "string argument without an encoding")
+    raise unmodelled("bytearray() of anything but bytes")
+
+
+def _size(func: Global, args: tuple[Any, ...], so: StorageOf, opcode: str, off: int) -> Call:
+    if args == ():
+        return _simple("torch.Size", value=())(func, args, so, opcode, off)
+    if len(args) == 1:
+        seq = args[0]
+        if seq is None or isinstance(seq, (bool, int, float)):
+            raise Fail("TypeError", f"'{type_name(seq, so)}' object is not iterable")
+        if isinstance(seq, (tuple, list)):
+            for i, x in enumerate(seq):
+                if not _is_int(x):
+                    tn = type_name(x, so)
+                    if tn in ("str", "float", "NoneType", "tuple", "list", "dict", "bool"):
+                        if tn == "bool":
+                            break
+                        raise Fail("TypeError", f"torch.Size() takes an iterable of 'int' (item {i} "
+                                   f"is '{tn}')")
+                    break
+            else:
+                if all(abs(x) < INT64_SAFE for x in seq):
+                    return _simple("torch.Size", value=tuple(seq))(func, args, so, opcode, off)
+    raise unmodelled("torch.Size of anything but a sequence of ints")
+
+
+_DEVICE_STRING = re.compile(r"([a-zA-Z_]+)(?::([1-9][0-9]*|0))?")
+# how torch's python arg parser names a plain Python value's type in its messages
+_PLAIN_TYPES = (type(None), bool, int, float, str, list, tuple, dict)
+_INVALID_DEVICE = ("device() received an invalid combination of arguments - got ({got}), but expected "
+                   "one of:\n * (torch.device device)\n{why} * (str type, int index = -1)\n")
+
+
+def _plain_type(v: Any) -> str | None:
+    return type(v).__name__ if type(v) in _PLAIN_TYPES else None
+
+
+def _device(func: Global, args: tuple[Any, ...], so: StorageOf, opcode: str, off: int) -> Call:
+    """`torch.device(*args)` in torch 2.13 on a host without accelerators (measured for every
+    device type: tests/differential): the string is parsed and the type checked, no backend
+    is needed to construct the object."""
+    make = _simple("torch.device")
+    kinds = [_plain_type(a) for a in args]
+    if len(args) == 0 or len(args) > 2:
+        if None in kinds:
+            raise unmodelled("torch.device with these arguments")
+        raise Fail("TypeError", _INVALID_DEVICE.format(got=", ".join(kinds), why=""))  # type: ignore[arg-type]
+    first = args[0]
+    if len(args) == 1:
+        if isinstance(first, Call) and first.attrs.get("type") == "torch.device":
+            return make(func, args, so, opcode, off)   # a copy of a device
+        if kinds[0] in ("NoneType", "float", "bool", "dict") or first in ([], ()):
+            shown = {"list": "list of []", "tuple": "tuple of ()"}.get(kinds[0], kinds[0])  # type: ignore[arg-type]
+            raise Fail("TypeError", _INVALID_DEVICE.format(
+                got=kinds[0], why=f"      didn't match because some of the arguments have invalid types: "
+                f"(!{shown}!)\n"))
+        if kinds[0] != "str":
+            # an int means "the current accelerator": the answer depends on the host
+            raise unmodelled("torch.device with these arguments")
+    else:
+        if kinds[0] is None or kinds[1] is None:
+            raise unmodelled("torch.device with these arguments")
+        if kinds[0] != "str":
+            raise Fail("TypeError", f"device(): argument 'type' (position 1) must be str, not {kinds[0]}")
+        if kinds[1] not in ("int", "NoneType"):
+            raise Fail("TypeError", f"device(): argument 'index' (position 2) must be int, not {kinds[1]}")
+    text: str = first
+    if "\0" in text:
+        raise unmodelled("a device string with a NUL")   # C++ cuts the message there
+    if not text:
+        raise Fail("RuntimeError", "Device string must not be empty")
+    m = _DEVICE_STRING.fullmatch(text)
+    if m is None:
+        raise Fail("RuntimeError", f"Invalid device string: '{text}'")
+    kind, index = m.groups()
+    if index is not None and int(index) > 2**31 - 1:   # std::stoi
+        raise Fail("RuntimeError", f"Could not parse device index '{index}' in device string '{text}'")
+    if kind not in DEVICE_TYPES:
+        raise Fail("RuntimeError", f"Expected one of {_DEVICE_TYPES} device type at start of device "
+                   f"string: {kind}")
+    if len(args) == 2:
+        if index is not None and int(index) % 256 != 255:  # DeviceIndex is int8: -1 is "no index"
+            raise Fail("RuntimeError", "type (string) must not include an index because index was passed "
+                       f"explicitly: {text}")
+        if args[1] is not None:
+            if not -(1 << 63) <= args[1] < 1 << 63:
+                raise Fail("ValueError", "Overflow when unpacking long long")
+            if args[1] < 0:
+                raise Fail("RuntimeError", "Device index must not be negative")
+    return make(func, args, so, opcode, off)
+
+
+def _get_layout(func: Global, args: tuple[Any, ...], so: StorageOf, opcode: str, off: int) -> Call:
+    _arity("_get_layout", args, ("name",))
+    name = args[0]
+    if isinstance(name, str) and name in LAYOUTS:
+        return _simple("torch.layout", value=name)(func, args, so, opcode, off)
+    if isinstance(name, (str, int)) and not isinstance(name, bool):
+        raise Fail("KeyError", repr(name))
+    raise unmodelled("_get_layout of a non-string")
+
+
+def _not_callable(kind: str) -> Callable[[Global, tuple[Any, ...], StorageOf, str, int], Call]:
+    def fail(func: Global, args: tuple[Any, ...], so: StorageOf, opcode: str, off: int) -> Call:
+        raise Fail("TypeError", f"'{kind}' object is not callable")
+    return fail
+
+
+_Model = Callable[[Global, tuple[Any, ...], StorageOf, str, int], Call]
+_MODELS: dict[str, _Model] = {
+    "torch._utils._rebuild_tensor": _rebuild_tensor,
+    "torch._utils._rebuild_tensor_v2": _rebuild_tensor_v2,
+    "torch._utils._rebuild_tensor_v3": _rebuild_tensor_v3,
+    "torch._utils._rebuild_parameter": _rebuild_parameter,
+    "torch._utils._rebuild_parameter_with_state": _rebuild_parameter,
+    "collections.OrderedDict": _ordered_dict,
+    "collections.Counter": _ordered_dict,
+    "builtins.set": _set,
+    "builtins.complex": _complex,
+    "builtins.bytearray": _bytearray,
+    "_codecs.encode": _encode,
+    "torch.Size": _size,
+    "torch.device": _device,
+    "torch.serialization._get_layout": _get_layout,
+    "torch._tensor._rebuild_from_type_v2": _rebuild_from_type_v2,
+    "torch._utils._rebuild_qtensor": _rebuild_qtensor,
+    "torch._utils._rebuild_sparse_tensor": _rebuild_sparse_tensor,
+    "torch._utils._rebuild_meta_tensor_no_storage": _rebuild_meta,
+}
+ALLOWED_CLASSES = frozenset(CLASSES) | TENSOR_TYPE_GLOBALS
+
+
+def call_allowed(func: Global, args: Any, storage_of: StorageOf, opcode: str, offset: int) -> Call:
+    """REDUCE of an allowlisted global: check the args as the callee would; return its result."""
+    kind = global_kind(func.full)
+    callable_ = kind not in ("torch.dtype", "torch.qscheme", "torch.serialization.StorageType")
+    if not isinstance(args, tuple):
+        # func(*args): CPython checks the star-argument before the call
+        if callable_ and (args is None or isinstance(args, (bool, int, float))):
+            raise Fail("TypeError", f"{_callee_label(func)} argument after * must be an iterable, not "
+                       f"{type_name(args, storage_of)}")
+        raise unmodelled("REDUCE arguments that are not a tuple")
+    if not callable_:
+        raise Fail("TypeError", f"'{kind.rsplit('.', 1)[-1] if 'Storage' in kind else kind}' object "
+                   "is not callable")
+    model = _MODELS.get(func.full)
+    if model is None:
+        raise unmodelled(f"a call of {func.full}")
+    return model(func, args, storage_of, opcode, offset)
+
+
+def _callee_label(func: Global) -> str:
+    # CPython's _PyObject_FunctionStr: "module.qualname()", builtins without the module
+    return f"{func.name}()" if func.module == "builtins" else f"{func.full}()"
+
+
+# Hashing a tuple visits every element on every path through it, uncached: a tuple DAG
+# built through the memo (each level holding the previous one twice) costs 2**depth, and
+# one memoized 10k-element tuple used as a key 200k times costs 2 G. Past this many
+# element visits for one pickle, torch (and we, if we hashed it) would take seconds to
+# forever: ~100 M visits/s here.
+HASH_VISITS_MAX = 1 << 22
+
+HashMemo = dict[int, tuple[Any, int]]   # id(tuple) -> (the tuple, kept alive; its visits)
+
+
+def hash_error(v: Any, storage_of: StorageOf, depth: int = 0,
+               memo: HashMemo | None = None) -> str | None:
+    """Python's "unhashable type: 'X'" message if `hash(v)` fails in torch, else None.
+
+    Walks each tuple of a DAG once; `memo` holds the tuples found hashable with the number
+    of elements `hash()` visits for each."""
+    if depth > 100:
+        raise unmodelled("hash of a deeply nested tuple")
+    if isinstance(v, tuple):
+        if memo is None:
+            memo = {}
+        if id(v) in memo:
+            return None
+        visits = 1 + len(v)
+        for x in v:
+            err = hash_error(x, storage_of, depth + 1, memo)
+            if err is not None:
+                return err
+            if isinstance(x, tuple):
+                visits = min(visits + memo[id(x)][1], HASH_VISITS_MAX + 1)
+        memo[id(v)] = (v, visits)
+        return None
+    if isinstance(v, (list, dict, set)):
+        return f"unhashable type: '{type(v).__name__}'"
+    if isinstance(v, Call):
+        t = v.attrs.get("type")
+        if t in ("collections.OrderedDict", "collections.Counter", "set", "bytearray"):
+            # tp_name: C-level OrderedDict keeps its module, Python-level Counter does not
+            return f"unhashable type: '{'Counter' if t == 'collections.Counter' else t}'"
+        if t in ("torch.Tensor", "torch.nn.parameter.Parameter", "bytes", "complex", "torch.device",
+                 "torch.layout"):
+            return None
+        if t == "torch.Size" or t == "functools.partial" or (isinstance(t, str) and t.startswith(
+                ("numpy.dtypes.", "numpy.bool", "numpy.int", "numpy.uint", "numpy.float", "numpy.complex",
+                 "numpy.longdouble", "numpy.clongdouble"))):
+            return None
+        if t in ("collections.defaultdict", "collections.deque", "numpy.ndarray"):
+            return f"unhashable type: '{t}'"
+        raise unmodelled(f"hash of a {t}")
+    if isinstance(v, PersId):
+        raise unmodelled("a storage used as a dict key or set member")
+    return None
+
+
+# -- user-allowlisted callables whose result type we know (numpy, collections, functools) --
+# numpy 2.x (the version next to torch 2.13 here): `type(np.dtype(spec))` for the spec strings
+# numpy's own `dtype.__reduce__` writes, with an optional byte-order prefix; the scalar type
+# `numpy._core.multiarray.scalar(dtype, bytes)` makes; the itemsize. Measured
+# (tests/core/weights_only/test_numpy_vs_torch.py checks the table against numpy).
+NUMPY_DTYPES: dict[str, tuple[str, str, int]] = {
+    "b1": ("BoolDType", "numpy.bool", 1),
+    "i1": ("Int8DType", "numpy.int8", 1), "i2": ("Int16DType", "numpy.int16", 2),
+    "i4": ("Int32DType", "numpy.int32", 4), "i8": ("Int64DType", "numpy.int64", 8),
+    "u1": ("UInt8DType", "numpy.uint8", 1), "u2": ("UInt16DType", "numpy.uint16", 2),
+    "u4": ("UInt32DType", "numpy.uint32", 4), "u8": ("UInt64DType", "numpy.uint64", 8),
+    "f2": ("Float16DType", "numpy.float16", 2), "f4": ("Float32DType", "numpy.float32", 4),
+    "f8": ("Float64DType", "numpy.float64", 8), "f16": ("LongDoubleDType", "numpy.longdouble", 16),
+    "c8": ("Complex64DType", "numpy.complex64", 8), "c16": ("Complex128DType", "numpy.complex128", 16),
+    "c32": ("CLongDoubleDType", "numpy.clongdouble", 32),
+    "O": ("ObjectDType", "", 8), "O8": ("ObjectDType", "", 8),
+    "M8": ("DateTime64DType", "", 8), "m8": ("TimeDelta64DType", "", 8),
+}
+_FLEXIBLE = {"S": "BytesDType", "U": "StrDType", "V": "VoidDType"}
+_NUMPY_SPEC = re.compile(r"([<>|=]?)([SUV])([0-9]{1,6})|([<>|=]?)([a-zA-Z][0-9]{0,2})")
+NUMPY_RECONSTRUCT = frozenset(("numpy._core.multiarray._reconstruct", "numpy.core.multiarray._reconstruct"))
+NUMPY_SCALAR = frozenset(("numpy._core.multiarray.scalar", "numpy.core.multiarray.scalar"))
+
+
+def numpy_dtype_class(spec: Any) -> str | None:
+    """`numpy.dtypes.X` for `type(numpy.dtype(spec))`; None for a spec not in the table."""
+    m = _NUMPY_SPEC.fullmatch(spec) if isinstance(spec, str) and spec.isascii() else None
+    if m is None:
+        return None
+    if m.group(2):
+        return f"numpy.dtypes.{_FLEXIBLE[m.group(2)]}"
+    entry = NUMPY_DTYPES.get(m.group(5))
+    return f"numpy.dtypes.{entry[0]}" if entry else None
+
+
+def _user_numpy_dtype(func: Global, args: tuple[Any, ...], so: StorageOf) -> Call | None:
+    # numpy.dtype(spec[, align[, copy]]): numpy writes (spec, False, True)
+    if not 1 <= len(args) <= 3 or not all(isinstance(a, bool) for a in args[1:]):
+        return None
+    cls = numpy_dtype_class(args[0])
+    if cls is None:
+        return None
+    c = Call(func, args, "REDUCE", -1)
+    m = _NUMPY_SPEC.fullmatch(args[0])
+    assert m is not None
+    entry = NUMPY_DTYPES.get(m.group(5) or "")
+    # the (elsize, alignment, flags) numpy writes in the BUILD state (datetimes: not modelled)
+    size = int(m.group(3)) if m.group(2) else -1
+    tail = {"S": (size, 1, 0), "U": (4 * size, 4, 8), "V": (size, 1, 0)}.get(m.group(2) or "")
+    if entry and entry[1]:
+        tail = (-1, -1, 0)
+    elif cls == "numpy.dtypes.ObjectDType":
+        tail = (-1, -1, 63)
+    c.attrs.update(type=cls, build="state", scalar=entry[1] if entry else "",
+                   itemsize=entry[2] if entry else tail[0] if tail else None, tail=tail)
+    return c
+
+
+def _user_reconstruct(func: Global, args: tuple[Any, ...], so: StorageOf) -> Call | None:
+    # numpy's ndarray.__reduce__: _reconstruct(ndarray, (0,), b'b'); BUILD then sets the data
+    # (numpy writes shape (0,) and dtype b'b'; others are left unmodelled: numpy refuses
+    # dtypes it does not understand and arrays too big for memory)
+    if (len(args) == 3 and isinstance(args[0], Global) and args[0].full == "numpy.ndarray"
+            and args[1] == (0,) and isinstance(args[2], Call)
+            and args[2].attrs.get("type") == "bytes" and args[2].attrs.get("value") == b"b"):
+        c = Call(func, args, "REDUCE", -1)
+        c.attrs.update(type="numpy.ndarray", build="state")
+        return c
+    return None
+
+
+def _user_scalar(func: Global, args: tuple[Any, ...], so: StorageOf) -> Call | None:
+    # numpy's scalar.__reduce__: scalar(dtype, raw bytes) for fixed-size numeric types
+    if len(args) != 2 or not isinstance(args[0], Call) or not args[0].attrs.get("scalar"):
+        return None
+    raw = args[1]
+    if not (isinstance(raw, Call) and raw.attrs.get("type") == "bytes"
+            and len(raw.attrs.get("value", b"")) == args[0].attrs.get("itemsize")):
+        return None
+    c = Call(func, args, "REDUCE", -1)
+    c.attrs.update(type=args[0].attrs["scalar"])
+    return c
+
+
+def user_model(func: Global, args: Any, callables: Callable[[Any], bool], so: StorageOf) -> Call | None:
+    """The result of a user-allowlisted callable we have measured, else None.
+
+    `callables(v)` says whether `v` is a global torch can call (a class or function). The
+    result's attrs: "type" (what `type(result)` prints), "build": "state" when BUILD
+    (`__setstate__`) accepts the state numpy writes, "partial" for functools.partial's own
+    check; no "build" when BUILD on it is not modelled.
+    """
+    if not isinstance(args, tuple):
+        return None
+    full = func.full
+    if full == "numpy.dtype":
+        return _user_numpy_dtype(func, args, so)
+    if full in NUMPY_RECONSTRUCT:
+        return _user_reconstruct(func, args, so)
+    if full in NUMPY_SCALAR:
+        return _user_scalar(func, args, so)
+    c = Call(func, args, "REDUCE", -1)
+    if full == "collections.defaultdict" and len(args) <= 1 and (not args or args[0] is None
+                                                                  or callables(args[0])):
+        c.attrs.update(type="collections.defaultdict")
+        return c
+    if full == "collections.deque" and len(args) <= 2 and (
+            not args or isinstance(args[0], (list, tuple))) and (
+            len(args) < 2 or args[1] is None or (_is_int(args[1]) and 0 <= args[1] < 1 << 62)):
+        c.attrs.update(type="collections.deque")
+        return c
+    if full == "functools.partial" and args and callables(args[0]):
+        c.attrs.update(type="functools.partial", build="partial")
+        return c
+    return None
+
+
+def check_partial_state(state: Any, callables: Callable[[Any], bool]) -> None:
+    """`functools.partial.__setstate__`: only the state CPython itself writes is modelled."""
+    if not (isinstance(state, tuple) and len(state) == 4 and callables(state[0])
+            and isinstance(state[1], tuple) and (state[2] is None or isinstance(state[2], dict))
+            and (state[3] is None or isinstance(state[3], dict))
+            and all(isinstance(k, str) for d in state[2:] if d for k in d)):
+        raise unmodelled("functools.partial BUILD with this state")
+
+
+_NUMPY_MAX_DIMS = 64
+_NUMPY_MAX_BYTES = 1 << 62
+
+
+def check_numpy_state(inst: Call, state: Any) -> None:
+    """`__setstate__` of a numpy dtype / ndarray: only the states numpy itself writes."""
+    t = inst.attrs.get("type")
+    if t == "numpy.ndarray":
+        # numpy's limits: at most 64 dimensions, no array past the address space
+        if (isinstance(state, tuple) and len(state) == 5 and state[0] == 1 and type(state[0]) is int
+                and isinstance(state[1], tuple) and len(state[1]) <= _NUMPY_MAX_DIMS
+                and all(_is_int(x) and 0 <= x < 1 << 31 for x in state[1])
+                and isinstance(state[2], Call) and isinstance(state[3], bool)):
+            numel = 1
+            for x in state[1]:
+                numel *= x
+            dt, data = state[2].attrs, state[4]
+            if dt.get("type") == "numpy.dtypes.ObjectDType":
+                # object arrays pickle their items as a list; raw bytes would be pointers
+                if type(data) is list and len(data) == numel:
+                    return
+            elif (dt.get("tail") and isinstance(data, Call) and data.attrs.get("type") == "bytes"
+                    and len(data.attrs.get("value", b"")) == numel * dt["itemsize"]
+                    and numel * dt["itemsize"] < _NUMPY_MAX_BYTES):
+                return
+        raise unmodelled("ndarray BUILD with this state")
+    if (isinstance(state, tuple) and len(state) == 8 and state[0] == 3 and type(state[0]) is int
+            and state[1] in ("<", ">", "|", "=") and state[2:5] == (None, None, None)
+            and inst.attrs.get("tail") is not None and state[5:] == inst.attrs["tail"]
+            and all(type(x) is int for x in state[5:])):
+        return
+    raise unmodelled(f"BUILD of a {t} with this state")

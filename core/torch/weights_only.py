@@ -1,0 +1,770 @@
+"""torch 2.13 `torch.load(weights_only=True)`, emulated without torch (FORMATS.md §2-§4, §8).
+
+Strategy: `emulate` mirrors `torch/_weights_only_unpickler.py` `Unpickler.load` op by op
+over the same restricted opcode set, on inert values (core.values): GLOBAL pushes a
+`Global` after the allow/block policy, REDUCE/NEWOBJ push `Call` nodes typed with the
+class torch would produce (core.torch.callables checks the callee's arguments), BINPERSID
+replays `serialization._load.persistent_load` (or `_legacy_load`'s) against a
+`StorageResolver`. The first failure ends the run with the exception torch would raise,
+in torch's words; shapes of input we did not measure end it with type "Unmodelled".
+Limits end it with type "LimitExceeded" (never an exception out of `emulate`).
+
+Assumptions (each a deliberate choice, see tests/differential):
+- the process is a fresh `import torch`: the user safe set holds BASELINE_USER_GLOBALS
+  (FORMATS.md §3.2), plus the caller's `allow` (like `add_safe_globals` with strings);
+- storage locations "cpu", "cuda[:N]" and "mps" are restorable (the host's devices are
+  not the file's business; a CPU-only torch would refuse "cuda" records);
+- a user-allowlisted class accepts its own NEWOBJ args and BUILD state (that is what
+  allowlisting it asserts); a user-allowlisted *function*'s result type is unknown;
+- sparse invariant checks are off (torch's default), so sparse tensors are judged on
+  their shapes only; nested, wrapper-subclass and device-copy rebuilds are Unmodelled
+  (their checks depend on tensor data or on the host).
+"""
+
+from __future__ import annotations
+
+import gc
+import re
+import struct
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from ckptguard.core.limits import DEFAULT_LIMITS, MAX_BUILD_STATE_KEYS, Limits
+from ckptguard.core.pickle.renames import torch_map
+from ckptguard.core.torch.callables import (
+    CLASSES,
+    HASH_VISITS_MAX,
+    QSCHEMES,
+    REBUILDERS,
+    STORAGE_GLOBALS,
+    TENSOR_TYPE_GLOBALS,
+    Fail,
+    HashMemo,
+    StorageInfo,
+    call_allowed,
+    check_numpy_state,
+    check_partial_state,
+    class_repr,
+    global_kind,
+    hash_error,
+    str_value,
+    type_name,
+    user_model,
+)
+from ckptguard.core.torch.dtypes import ITEMSIZE, STORAGE_DTYPE, TORCH_DTYPE_GLOBALS
+from ckptguard.core.values import Call, Global, PersId
+
+# FORMATS.md §3.3: torch._weights_only_unpickler._get_allowed_globals() keys
+ALLOWED_GLOBALS: frozenset[str] = frozenset(
+    [*CLASSES, "torch.serialization._get_layout", "_codecs.encode",
+     "torch._tensor._rebuild_from_type_v2", *REBUILDERS, *STORAGE_GLOBALS, *TENSOR_TYPE_GLOBALS]
+    + [f"torch.{d}" for d in TORCH_DTYPE_GLOBALS] + [f"torch.{q}" for q in QSCHEMES])
+_CALLABLE_KINDS = frozenset(("type", "function", "builtin_function_or_method", "torch._C._TensorMeta",
+                             "torch.nn.parameter._ParameterMeta", "torch.tensortype"))
+BLOCKED_MODULES: frozenset[str] = frozenset(("sys", "os", "posix", "nt"))
+# what a fresh `import torch` (2.13, CPU) puts in the user safe set (FORMATS.md §3.2)
+BASELINE_USER_GLOBALS: frozenset[str] = frozenset((
+    "torch.nested._internal.nested_tensor.NestedTensor",
+    "torch.nested._internal.nested_tensor._rebuild_njt",
+    "torch.distributed._mesh_layout._MeshLayout",
+    "torch.distributed._mesh_layout._FlatLayout",
+))
+_NJT = ("torch.nested._internal.nested_tensor.NestedTensor",
+        "torch.nested._internal.nested_tensor._rebuild_njt", "torch._dynamo.decorators._DimRange")
+_DTENSOR = ("torch.distributed.device_mesh.DeviceMesh",
+            "torch.distributed.tensor._dtensor_spec.DTensorSpec",
+            "torch.distributed.tensor._dtensor_spec.TensorMeta", "torch.distributed.tensor.DTensor",
+            "torch.distributed.tensor.placement_types.Partial",
+            "torch.distributed.tensor.placement_types.Replicate",
+            "torch.distributed.tensor.placement_types.Shard")
+
+UNSAFE_MESSAGE = (
+    "In PyTorch 2.6, we changed the default value of the `weights_only` argument in `torch.load` "
+    "from `False` to `True`. Re-running `torch.load` with `weights_only` set to `False` will likely "
+    "succeed, but it can result in arbitrary code execution. Do it only if you got the file from a "
+    "trusted source.")
+DOCS_MESSAGE = ("\n\nCheck the documentation of torch.load to learn more about types accepted by "
+                "default with weights_only https://pytorch.org/docs/stable/generated/torch.load.html.")
+
+
+def wo_message(message: str) -> str:
+    """torch.load's `_get_wo_message` (FORMATS.md §3.6)."""
+    if re.search(r"GLOBAL (\S+) was not an allowed global by default.", message):
+        return ("Weights only load failed. This file can still be loaded, to do so you have two "
+                "options, \033[1mdo those steps only if you trust the source of the checkpoint\033[0m. "
+                f"\n\t(1) {UNSAFE_MESSAGE}\n\t(2) Alternatively, to load with `weights_only=True` "
+                "please check the recommended steps in the following error message.\n\t"
+                "WeightsUnpickler error: " + message + DOCS_MESSAGE)
+    if re.search(r"(\S+) must be (\S+) to load", message):
+        return f"Weights only load failed. {message}\n {UNSAFE_MESSAGE}\n"
+    text = f"Weights only load failed. {UNSAFE_MESSAGE}\n"
+    if not re.search(r"whose module (\S+) is blocked", message):
+        text += ("Please file an issue with the following so that we can make `weights_only=True` "
+                 "compatible with your use case: WeightsUnpickler error: ")
+    return text + "\n\n" + message + DOCS_MESSAGE
+
+
+_RESTORABLE = re.compile(r"cpu|mps|cuda(:[0-9]{1,3})?")
+
+
+def restorable(location: str) -> bool:
+    """A storage location torch restores (cpu, mps, cuda[:N]): assumed present on the
+    loading host (module docstring)."""
+    return _RESTORABLE.fullmatch(location) is not None
+
+
+@dataclass(frozen=True, slots=True)
+class TorchError:
+    """The exception torch.load would raise: class name, inner message, opcode offset."""
+
+    type: str
+    message: str
+    offset: int | None = None
+
+    def wrapped(self) -> str:
+        """`str(exc)` as torch.load shows it (only UnpicklingError gets the wrapper)."""
+        return wo_message(self.message) if self.type == "UnpicklingError" else self.message
+
+
+class StorageResolver(Protocol):
+    def check(self, key: str, nbytes: int) -> TorchError | None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class StorageUse:
+    key: str
+    storage_type: str
+    dtype: str
+    numel: int
+    nbytes: int
+    location: str
+    offset: int
+
+
+@dataclass(slots=True)
+class WeightsOnlyResult:
+    loadable: bool
+    error: TorchError | None
+    root: Any
+    storages: list[StorageUse] = field(default_factory=list)
+    end: int = 0
+    protocol: int | None = None
+
+
+_U32 = struct.Struct("<I")
+_ACCEPTED = frozenset(b"\x80.c\x81R(b\x61e\x73u\x28t\x85\x86\x87N\x89\x88)]}\x8fJKM\x8a"
+                      b"GXUQhjqr")
+
+
+def _global_error(module: str, name: str, allowed: frozenset[str]) -> str | None:
+    full = f"{module}.{name}"
+    if module in BLOCKED_MODULES:
+        return f"Trying to load unsupported GLOBAL {full} whose module {module} is blocked."
+    if full in ALLOWED_GLOBALS or full in allowed:
+        return None
+    if full in _NJT:
+        return ("``torch.nested`` and ``torch._dynamo`` must be imported to load nested jagged "
+                "tensors (NJTs)")
+    if full in _DTENSOR:
+        return "``torch.distributed.tensor`` must be imported to load DTensors"
+    if full.startswith("builtins"):
+        rest = full[len("builtins"):]
+        full = rest[1:] if rest.startswith(".") else "builtins" + rest
+    return (f"Unsupported global: GLOBAL {full} was not an allowed global by default. Please use "
+            f"`torch.serialization.add_safe_globals([{full}])` or the "
+            f"`torch.serialization.safe_globals([{full}])` context manager to allowlist this global "
+            "if you trust this class/function.")
+
+
+class _Stop(Exception):
+    def __init__(self, error: TorchError) -> None:
+        super().__init__(error)
+        self.error = error
+
+
+class _Reader:
+    """io.BytesIO semantics over the pickle: short reads return what is there."""
+
+    __slots__ = ("buf", "pos")
+
+    def __init__(self, buf: bytes) -> None:
+        self.buf = buf
+        self.pos = 0
+
+    def read(self, n: int) -> bytes:
+        out = self.buf[self.pos:self.pos + n]
+        self.pos += len(out)
+        return out
+
+    def readline(self) -> bytes:
+        end = self.buf.find(b"\n", self.pos)
+        return self.read((len(self.buf) if end < 0 else end + 1) - self.pos)
+
+
+class _Emulator:
+    def __init__(self, data: bytes, allow: frozenset[str], resolver: StorageResolver | None,
+                 base: int, limits: Limits, legacy: bool) -> None:
+        self.r = _Reader(data)
+        self.allow = allow
+        self.allowed = allow | BASELINE_USER_GLOBALS
+        self.resolver = resolver
+        self.base = base
+        self.limits = limits
+        self.legacy = legacy
+        self.storages: list[StorageUse] = []
+        self.seen_keys: set[str] = set()
+        self.hash_memo: HashMemo = {}     # tuples found hashable, kept alive (ids stay unique)
+        self.hash_visits = 0              # tuple visits of every dict key hashed so far
+        self.build_keys = 0               # keys of every OrderedDict BUILD state so far
+        self.loaded: dict[Any, StorageInfo] = {}      # torch's loaded_storages / deserialized_objects
+        self.info: dict[int, StorageInfo] = {}        # id(PersId) -> the storage it stands for
+        self.keep: list[PersId] = []
+        self.protocol: int | None = None
+        self.op_offset = base
+
+    # -- helpers ---------------------------------------------------------------------------
+    def fail(self, type_: str, message: str) -> _Stop:
+        return _Stop(TorchError(type_, message, self.op_offset))
+
+    def storage_of(self, v: Any) -> StorageInfo | None:
+        return self.info.get(id(v)) if isinstance(v, PersId) else None
+
+    def tname(self, v: Any) -> str:
+        t = type_name(v, self.storage_of)
+        if t is None:
+            raise self.fail("Unmodelled", f"not modelled: the type of {v!r}")
+        return t
+
+    def unpack(self, fmt: str, n: int) -> Any:
+        raw = self.r.read(n)
+        if len(raw) != n:
+            raise self.fail("error", f"unpack requires a buffer of {n} bytes")
+        return struct.unpack(fmt, raw)[0]
+
+    def byte(self) -> int:
+        raw = self.r.read(1)
+        if not raw:
+            raise self.fail("IndexError", "index out of range")
+        return raw[0]
+
+    # -- the loop (torch/_weights_only_unpickler.py Unpickler.load) -------------------------
+    def run(self) -> Any:
+        r, limits = self.r, self.limits
+        metastack: list[list[Any]] = []
+        stack: list[Any] = []
+        memo: dict[int, Any] = {}
+        count = 0
+        buf, end, base = r.buf, len(r.buf), self.base
+        max_ops, max_stack, max_depth = limits.max_opcodes, limits.max_stack, limits.max_depth
+        max_memo, max_str = limits.max_memo_entries, limits.max_str_bytes
+        u32 = _U32.unpack_from
+        while True:
+            pos = r.pos
+            count += 1
+            if count > max_ops or len(stack) > max_stack:
+                self.op_offset = base + pos
+                raise self.fail("LimitExceeded", "opcode count or stack size over the limit")
+            if pos >= end:
+                self.op_offset = base + pos
+                raise self.fail("EOFError", "")
+            op = buf[pos]
+            pos += 1
+            # fast paths (the bulk of any torch.save pickle); each only when it cannot fail,
+            # anything else falls through to the op-by-op mirror of torch's loop below
+            if op == 0x71 and pos < end and stack and (buf[pos] in memo or len(memo) < max_memo):
+                memo[buf[pos]] = stack[-1]  # BINPUT
+                r.pos = pos + 1
+                continue
+            if op == 0x58 and pos + 4 <= end:  # BINUNICODE
+                n = u32(buf, pos)[0]
+                if min(n, end - pos - 4) <= max_str:  # a short read is what torch gets too
+                    try:
+                        stack.append(str(buf[pos + 4:pos + 4 + n], "utf-8", "surrogatepass"))
+                        r.pos = min(pos + 4 + n, end)
+                        continue
+                    except UnicodeDecodeError:
+                        pass
+            elif op == 0x4B and pos < end:  # BININT1
+                stack.append(buf[pos])
+                r.pos = pos + 1
+                continue
+            elif op == 0x68 and pos < end and buf[pos] in memo:  # BINGET
+                stack.append(memo[buf[pos]])
+                r.pos = pos + 1
+                continue
+            elif op == 0x28 and len(metastack) < max_depth:  # MARK
+                metastack.append(stack)
+                stack = []
+                r.pos = pos
+                continue
+            elif op == 0x74 and metastack:  # TUPLE
+                items = stack
+                stack = metastack.pop()
+                stack.append(tuple(items))
+                r.pos = pos
+                continue
+            elif op == 0x89 or op == 0x29:  # NEWFALSE / EMPTY_TUPLE
+                stack.append(False if op == 0x89 else ())
+                r.pos = pos
+                continue
+            self.op_offset = base + pos - 1
+            r.pos = pos
+            if op not in _ACCEPTED:
+                raise self.fail("UnpicklingError", f"Unsupported operand {op}")
+            try:
+                if op == 0x63:  # GLOBAL
+                    stack.append(self.op_global())
+                elif op == 0x81:  # NEWOBJ
+                    args = stack.pop()
+                    cls = stack.pop()
+                    stack.append(self.op_newobj(cls, args))
+                elif op == 0x52:  # REDUCE
+                    args = stack.pop()
+                    func = stack[-1]
+                    stack[-1] = self.op_reduce(func, args)
+                elif op == 0x62:  # BUILD
+                    state = stack.pop()
+                    self.op_build(stack[-1], state)
+                elif op == 0x61:  # APPEND
+                    item = stack.pop()
+                    lst = stack[-1]
+                    if type(lst) is not list:
+                        raise self.fail("UnpicklingError",
+                                        f"Can only append to lists, but got {class_repr(self.tname(lst))}")
+                    self.grow(lst, 1)
+                    lst.append(item)
+                elif op == 0x65:  # APPENDS
+                    items = stack
+                    stack = metastack.pop()
+                    lst = stack[-1]
+                    if type(lst) is not list:
+                        raise self.fail("UnpicklingError",
+                                        f"Can only extend lists, but got {class_repr(self.tname(lst))}")
+                    self.grow(lst, len(items))
+                    lst.extend(items)
+                elif op == 0x73:  # SETITEM
+                    v, k = stack.pop(), stack.pop()
+                    self.check_setitem_target(stack[-1], "SETITEM")
+                    self.setitem(stack[-1], k, v)
+                elif op == 0x75:  # SETITEMS
+                    items = stack
+                    stack = metastack.pop()
+                    self.check_setitem_target(stack[-1], "SETITEMS")
+                    for i in range(0, len(items), 2):
+                        if i + 1 >= len(items):
+                            raise self.fail("IndexError", "list index out of range")
+                        self.setitem(stack[-1], items[i], items[i + 1])
+                elif op == 0x28:  # MARK
+                    if len(metastack) >= max_depth:
+                        raise self.fail("LimitExceeded", "MARK nesting over the limit")
+                    metastack.append(stack)
+                    stack = []
+                elif op == 0x74:  # TUPLE
+                    items = stack
+                    stack = metastack.pop()
+                    stack.append(tuple(items))
+                elif op == 0x85:  # TUPLE1
+                    stack[-1] = (stack[-1],)
+                elif op == 0x86:  # TUPLE2
+                    stack[-2:] = [(stack[-2], stack[-1])]
+                elif op == 0x87:  # TUPLE3
+                    stack[-3:] = [(stack[-3], stack[-2], stack[-1])]
+                elif op == 0x4E:
+                    stack.append(None)
+                elif op == 0x89:
+                    stack.append(False)
+                elif op == 0x88:
+                    stack.append(True)
+                elif op == 0x29:
+                    stack.append(())
+                elif op == 0x5D:
+                    stack.append([])
+                elif op == 0x7D:
+                    stack.append({})
+                elif op == 0x8F:
+                    stack.append(set())
+                elif op == 0x4A:  # BININT
+                    stack.append(self.unpack("<i", 4))
+                elif op == 0x4B:  # BININT1
+                    stack.append(self.byte())
+                elif op == 0x4D:  # BININT2
+                    stack.append(self.unpack("<H", 2))
+                elif op == 0x47:  # BINFLOAT, big-endian (FORMATS.md §2.1)
+                    stack.append(self.unpack(">d", 8))
+                elif op == 0x58:  # BINUNICODE
+                    n = self.unpack("<I", 4)
+                    if min(n, end - r.pos) > max_str:
+                        raise self.fail("LimitExceeded", f"{n}-byte string")
+                    raw = r.read(n)
+                    try:
+                        stack.append(str(raw, "utf-8", "surrogatepass"))
+                    except UnicodeDecodeError as exc:
+                        raise self.fail("UnicodeDecodeError", str(exc)) from None
+                elif op == 0x55:  # SHORT_BINSTRING, decoded with torch.load's encoding="utf-8"
+                    raw = r.read(self.byte())
+                    try:
+                        stack.append(raw.decode("utf-8", "strict"))
+                    except UnicodeDecodeError as exc:
+                        raise self.fail("UnicodeDecodeError", str(exc)) from None
+                elif op == 0x51:  # BINPERSID
+                    pid = stack.pop()
+                    stack.append(self.op_persid(pid))
+                elif op in (0x68, 0x6A):  # BINGET / LONG_BINGET
+                    idx = self.byte() if op == 0x68 else self.unpack("<I", 4)
+                    if idx not in memo:
+                        raise self.fail("KeyError", str(idx))
+                    stack.append(memo[idx])
+                elif op in (0x71, 0x72):  # BINPUT / LONG_BINPUT
+                    idx = self.byte() if op == 0x71 else self.unpack("<I", 4)
+                    if len(memo) >= limits.max_memo_entries and idx not in memo:
+                        raise self.fail("LimitExceeded", "memo over the limit")
+                    memo[idx] = stack[-1]
+                elif op == 0x8A:  # LONG1
+                    n = self.byte()
+                    stack.append(int.from_bytes(r.read(n), "little", signed=True))
+                elif op == 0x80:  # PROTO
+                    self.protocol = self.byte()
+                elif op == 0x2E:  # STOP
+                    return stack.pop()
+            except IndexError as exc:
+                # list.pop() / stack[-1] on an empty (MARK-split) stack, exactly as torch
+                raise self.fail("IndexError", str(exc)) from None
+
+    def grow(self, container: Any, n: int) -> None:
+        if len(container) + n > self.limits.max_container_items:
+            raise self.fail("LimitExceeded", "container over the item limit")
+
+    # -- risky operators --------------------------------------------------------------------
+    def op_global(self) -> Global:
+        try:
+            module = self.r.readline()[:-1].decode("utf-8")
+            name = self.r.readline()[:-1].decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise self.fail("UnicodeDecodeError", str(exc)) from None
+        module, name = torch_map(module, name)
+        err = _global_error(module, name, self.allowed)
+        if err is not None:
+            raise self.fail("UnpicklingError", err)
+        return Global(module, name)
+
+    def op_newobj(self, cls: Any, args: Any) -> Any:
+        if isinstance(cls, Global) and cls.full == "torch.nn.parameter.Parameter":
+            raise self.fail("Unmodelled", "not modelled: NEWOBJ of nn.Parameter")
+        if isinstance(cls, Global):
+            if cls.full in self.allow:
+                return self.user_call(cls, args, "NEWOBJ")
+            if cls.full in ("collections.OrderedDict", "collections.Counter") and type(args) is tuple:
+                c = Call(cls, args, "NEWOBJ", self.op_offset)  # dict.__new__ ignores its args
+                c.attrs["type"] = cls.full
+                return c
+            raise self.fail("Unmodelled", f"not modelled: NEWOBJ of {cls.full}")
+        text = str_value(cls, self.storage_of)
+        if text is None:
+            raise self.fail("Unmodelled", "not modelled: the text of a NEWOBJ class")
+        raise self.fail("UnpicklingError", "Can only create new object for nn.Parameter or classes "
+                        f"allowlisted via `add_safe_globals` but got {text}")
+
+    def op_reduce(self, func: Any, args: Any) -> Any:
+        if not isinstance(func, Global):
+            text = str_value(func, self.storage_of)
+            if text is None or isinstance(func, Call):
+                raise self.fail("Unmodelled", "not modelled: REDUCE of a non-global")
+            raise self.fail("UnpicklingError", f"Trying to call reduce for unrecognized function {text}")
+        if func.full in BASELINE_USER_GLOBALS and func.full not in self.allow:
+            raise self.fail("Unmodelled", f"not modelled: a call of {func.full}")
+        if func.full in self.allowed and func.full not in ALLOWED_GLOBALS:
+            return self.user_call(func, args, "REDUCE")
+        try:
+            return call_allowed(func, args, self.storage_of, "REDUCE", self.op_offset)
+        except Fail as exc:
+            raise self.fail(exc.type, exc.message) from None
+
+    def callable_global(self, v: Any) -> bool:
+        """`v` is a global torch can call: a user-allowlisted one, or an allowlisted class/function."""
+        return isinstance(v, Global) and (v.full in self.allowed or global_kind(v.full) in _CALLABLE_KINDS)
+
+    def user_call(self, func: Global, args: Any, opcode: str) -> Call:
+        # a user-allowlisted callable: its behaviour is the user's; the result is taken to be
+        # an instance of that class (BUILD/SETITEM checks then follow type(inst)), unless we
+        # measured what it returns (numpy dtype/ndarray/scalar, defaultdict, deque, partial)
+        if opcode == "REDUCE":
+            known = user_model(func, args, self.callable_global, self.storage_of)
+            if known is not None:
+                known.offset = self.op_offset
+                return known
+        c = Call(func, args, opcode, self.op_offset)
+        # NEWOBJ makes an instance of `func`; REDUCE does too when `func` is a class, which we
+        # can only guess from the name (a factory function's result has an unknown type)
+        is_class = opcode == "NEWOBJ" or func.name[:1].isupper()
+        c.attrs["type"] = func.full if is_class else None
+        c.attrs["user"] = is_class
+        return c
+
+    def op_build(self, inst: Any, state: Any) -> None:
+        t = self.tname(inst)
+        if isinstance(inst, Call) and t in ("collections.OrderedDict",):
+            if not isinstance(state, dict):
+                raise self.fail("Unmodelled", "not modelled: OrderedDict BUILD with a non-dict state")
+            self.build_keys += len(state)
+            if self.build_keys > MAX_BUILD_STATE_KEYS:
+                raise self.fail("Unmodelled", "not modelled: BUILD states of more than "
+                                f"{MAX_BUILD_STATE_KEYS} keys in all (torch.load would take "
+                                "minutes or hang)")
+            if not all(isinstance(k, str) for k in state):
+                raise self.fail("Unmodelled", "not modelled: OrderedDict BUILD state with a key "
+                                "that is not a string")
+            inst.state.append(state)
+            return
+        if isinstance(inst, Call) and inst.attrs.get("build") and t in self.allowed:
+            try:  # type(inst) allowlisted: torch calls its __setstate__
+                if inst.attrs["build"] == "partial":
+                    check_partial_state(state, self.callable_global)
+                else:
+                    check_numpy_state(inst, state)
+            except Fail as exc:
+                raise self.fail(exc.type, exc.message) from None
+            inst.state.append(state)
+            return
+        if isinstance(inst, Call) and inst.attrs.get("user"):
+            inst.state.append(state)
+            return
+        if t in ALLOWED_GLOBALS or f"builtins.{t}" in ALLOWED_GLOBALS or t in self.allowed:
+            raise self.fail("Unmodelled", f"not modelled: BUILD on {t}")
+        raise self.fail("UnpicklingError", "Can only build Tensor, Parameter, OrderedDict or types "
+                        f"allowlisted via `add_safe_globals`, but got {class_repr(t)}")
+
+    def check_setitem_target(self, target: Any, opcode: str) -> None:
+        t = self.tname(target)
+        if t not in ("dict", "collections.OrderedDict", "collections.Counter"):
+            raise self.fail("UnpicklingError", f"Can only {opcode} for dict, collections.OrderedDict, "
+                            f"collections.Counter, but got {class_repr(t)}")
+
+    def setitem(self, target: Any, k: Any, v: Any) -> None:
+        try:
+            err = hash_error(k, self.storage_of, memo=self.hash_memo)
+        except Fail as exc:
+            raise self.fail(exc.type, exc.message) from None
+        if err is not None:
+            raise self.fail("TypeError", err)
+        if isinstance(k, tuple):
+            # inserting hashes k (and compares it with an equal key): never past the budget
+            self.hash_visits += 2 * self.hash_memo[id(k)][1]
+            if self.hash_visits > HASH_VISITS_MAX:
+                raise self.fail("Unmodelled", "not modelled: dict keys whose hashing visits more "
+                                f"than {HASH_VISITS_MAX} tuple elements (torch.load would take "
+                                "minutes or hang)")
+        if isinstance(target, dict):
+            if isinstance(k, float) and k != k:
+                raise self.fail("Unmodelled", "not modelled: NaN dict key")
+            if k not in target:
+                self.grow(target, 1)
+            target[k] = v
+        else:
+            self.grow(target.setitems, 1)
+            target.setitems.append((k, v))
+
+    # -- persistent ids (serialization._load / _legacy_load persistent_load) ----------------
+    def op_persid(self, pid: Any) -> PersId:
+        if type(pid) is not tuple and type(pid) is not int:
+            raise self.fail("UnpicklingError",
+                            f"persistent_load id must be tuple or int, but got {class_repr(self.tname(pid))}")
+        if type(pid) is tuple and len(pid) > 0:
+            tag = self.decode_ascii(pid[0])
+            if tag != "storage":
+                if not isinstance(tag, (str, int, float, bool, tuple, list, dict)) and tag is not None:
+                    raise self.fail("Unmodelled", "not modelled: comparing a pid tag with 'storage'")
+                raise self.fail("UnpicklingError", "Only persistent_load of storage is allowed, but got "
+                                f"{class_repr(self.tname(pid[0]))}")
+        if type(pid) is int:
+            raise self.fail("AssertionError", "saved_id must be a tuple, got int")
+        if len(pid) == 0:
+            raise self.fail("IndexError", "tuple index out of range")
+        data = pid[1:]
+        want = 5 if self.legacy else 4
+        if len(data) != want:
+            if len(data) < want:
+                raise self.fail("ValueError",
+                                f"not enough values to unpack (expected {want}, got {len(data)})")
+            raise self.fail("ValueError", f"too many values to unpack (expected {want})")
+        storage_type, key, location, numel = data[:4]
+        if self.legacy:  # _legacy_load decodes the location before it looks at the type
+            location = self.decode_ascii(location)
+        if isinstance(storage_type, Global) and storage_type.full == "torch.storage.UntypedStorage" \
+                and not self.legacy:
+            dtype, st_name = "uint8", storage_type.full
+        elif isinstance(storage_type, Global) and storage_type.full in STORAGE_GLOBALS:
+            dtype, st_name = STORAGE_DTYPE[storage_type.name], storage_type.full
+        elif isinstance(storage_type, Global) and storage_type.full == "torch.storage.UntypedStorage":
+            raise self.fail("AttributeError",
+                            "type object 'torch.storage.UntypedStorage' has no attribute 'dtype'")
+        elif storage_type is None or isinstance(storage_type, (bool, int, float, str, tuple, list, dict)):
+            raise self.fail("AttributeError",
+                            f"'{self.tname(storage_type)}' object has no attribute 'dtype'")
+        else:
+            raise self.fail("Unmodelled", "not modelled: this storage type in a persistent id")
+        if isinstance(key, bool) or not isinstance(key, (str, int)):
+            raise self.fail("Unmodelled", "not modelled: a storage key that is not a str/int")
+        if isinstance(numel, bool) or not isinstance(numel, int) or numel < 0 or numel >= 1 << 56:
+            raise self.fail("Unmodelled", "not modelled: a storage numel that is not a small int")
+        nbytes = numel * ITEMSIZE[dtype]
+        return self.load_storage(pid, st_name, dtype, key, location, numel, nbytes, data)
+
+    def decode_ascii(self, v: Any) -> Any:
+        if isinstance(v, Call) and v.attrs.get("type") == "bytes":
+            raw = v.attrs.get("value", b"")
+            try:
+                return raw.decode("ascii")
+            except UnicodeDecodeError as exc:
+                raise self.fail("UnicodeDecodeError", str(exc)) from None
+        return v
+
+    def load_storage(self, pid: tuple[Any, ...], st_name: str, dtype: str, key: str | int,
+                     location: Any, numel: int, nbytes: int, data: tuple[Any, ...]) -> PersId:
+        persid = PersId(pid, self.op_offset)
+        self.keep.append(persid)
+        skey = str(key)
+        cached = self.loaded.get(key)
+        if cached is None:
+            if not self.legacy:
+                location = self.decode_ascii(location)
+            if self.resolver is not None and not self.legacy:  # the record is read first
+                err = self.resolver.check(skey, nbytes)
+                if err is not None:
+                    raise _Stop(TorchError(err.type, err.message, self.op_offset))
+            self.check_location(location)
+            info = StorageInfo(skey, dtype, nbytes, resizable=self.legacy)
+            if skey not in self.seen_keys:
+                self.seen_keys.add(skey)
+                self.storages.append(StorageUse(skey, st_name, dtype, numel, nbytes, location,
+                                                self.op_offset))
+            if nbytes > 0 or self.legacy:  # torch caches only storages with a data pointer
+                self.loaded[key] = info
+        elif self.legacy and cached.nbytes == 0:
+            info = StorageInfo(skey, dtype, 0, resizable=True)
+        else:
+            info = cached  # torch returns the first TypedStorage of a key, with its dtype
+        if self.legacy and data[4] is not None:
+            info = self.legacy_view(info, data[4])
+        self.info[id(persid)] = info
+        return persid
+
+    def check_location(self, location: Any) -> None:
+        """serialization.default_restore_location over the registered deserializers."""
+        if not isinstance(location, str):
+            raise self.fail("Unmodelled", f"not modelled: restoring storage location {location!r}")
+        if restorable(location):
+            return
+        if (location.startswith(("mps", "meta")) or re.match(r"cuda(:|[0-9]+)", location)
+                or any(location == b or re.match(f"{b}(:|[0-9]+)", location)
+                       for b in ("privateuseone", "hpu", "xpu", "mtia"))):
+            raise self.fail("Unmodelled", f"not modelled: restoring storage location {location!r}")
+        raise self.fail("RuntimeError", "don't know how to restore data location of "
+                        f"torch.storage.UntypedStorage (tagged with {location})")
+
+    def legacy_view(self, info: StorageInfo, view: Any) -> StorageInfo:
+        if not (isinstance(view, tuple) and len(view) == 3 and all(
+                isinstance(x, int) and not isinstance(x, bool) and 0 <= x < 1 << 56 for x in view[1:])):
+            raise self.fail("Unmodelled", "not modelled: legacy view metadata of this shape")
+        size = ITEMSIZE[info.dtype]
+        start, length = view[1] * size, view[2] * size
+        if start + length > info.nbytes:
+            raise self.fail("Unmodelled", "not modelled: a legacy view past its storage")
+        return StorageInfo(f"{info.key}:{view[0]}", info.dtype, length, resizable=True)
+
+
+def _as_bytes(data: bytes | memoryview) -> bytes:
+    # one copy of a memoryview (bounded by Limits.max_pickle_bytes upstream) buys bytes.find
+    return data if isinstance(data, bytes) else memoryview(data).cast("B").tobytes()
+
+
+def emulate(data: bytes | memoryview, *, allow: frozenset[str] = frozenset(),
+            resolver: StorageResolver | None = None, base_offset: int = 0,
+            limits: Limits = DEFAULT_LIMITS, legacy: bool = False) -> WeightsOnlyResult:
+    """Replay torch.load(weights_only=True) on one pickle; never raises.
+
+    >>> emulate(b"\\x80\\x02}q\\x00.").loadable
+    True
+    """
+    em = _Emulator(_as_bytes(data), frozenset(allow), resolver, base_offset, limits, legacy)
+    gc_was_enabled = gc.isenabled()
+    gc.disable()  # millions of young container objects: the cyclic GC would rescan them all
+    try:
+        root = em.run()
+        return WeightsOnlyResult(True, None, root, em.storages, em.r.pos, em.protocol)
+    except _Stop as stop:
+        error = stop.error
+    except RecursionError:
+        error = TorchError("LimitExceeded", "value nesting too deep", em.op_offset)
+    except MemoryError:
+        error = TorchError("LimitExceeded", "out of memory", em.op_offset)
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+    return WeightsOnlyResult(False, error, None, em.storages, em.op_offset - base_offset, em.protocol)
+
+
+_WALK_ARGS = {0x4A: 4, 0x4B: 1, 0x4D: 2, 0x47: 8, 0x68: 1, 0x6A: 4, 0x71: 1, 0x72: 4}
+
+
+def unsafe_globals(data: bytes | memoryview, allow: frozenset[str] = frozenset()) -> list[str] | TorchError:
+    """`torch.serialization.get_unsafe_globals_in_checkpoint`'s walk of data.pkl (sorted)."""
+    r = _Reader(_as_bytes(data))
+    found: set[str] = set()
+    allowed = ALLOWED_GLOBALS | BASELINE_USER_GLOBALS | allow
+    while True:
+        offset = r.pos
+        key = r.read(1)
+        if not key:
+            return TorchError("EOFError", "", offset)
+        op = key[0]
+        try:
+            if op == 0x63:
+                try:
+                    module = r.readline()[:-1].decode("utf-8")
+                    name = r.readline()[:-1].decode("utf-8")
+                except UnicodeDecodeError as exc:
+                    return TorchError("UnicodeDecodeError", str(exc), offset)
+                module, name = torch_map(module, name)
+                found.add(f"{module}.{name}")
+            elif op in _WALK_ARGS:
+                r.read(_WALK_ARGS[op])
+            elif op == 0x58:
+                raw = r.read(4)
+                if len(raw) < 4:
+                    return TorchError("error", "unpack requires a buffer of 4 bytes", offset)
+                r.read(struct.unpack("<I", raw)[0])
+            elif op in (0x55, 0x8A, 0x80):
+                raw = r.read(1)
+                if not raw:
+                    return TorchError("IndexError", "index out of range", offset)
+                if op != 0x80:
+                    r.read(raw[0])
+            elif op == 0x2E:
+                return sorted(found - allowed)
+            elif op not in _ACCEPTED:
+                return TorchError("UnpicklingError", f"Unsupported operand {op}", offset)
+        except MemoryError:
+            return TorchError("LimitExceeded", "out of memory", offset)
+
+
+def safe_globals_hint(names: Iterable[str]) -> str:
+    """Ready-to-paste code that allowlists `names` (what the user would add).
+
+    >>> safe_globals_hint(["argparse.Namespace", "builtins.slice"])
+    'import argparse; torch.serialization.add_safe_globals([argparse.Namespace, slice])'
+    """
+    modules: list[str] = []
+    exprs: list[str] = []
+    for full in sorted(set(names)):
+        module, _, name = full.rpartition(".")
+        if module in BLOCKED_MODULES:  # torch refuses these whatever the allowlist says
+            continue
+        if module in ("builtins", ""):
+            exprs.append(name)
+            continue
+        if module not in modules:
+            modules.append(module)
+        exprs.append(full)
+    head = f"import {', '.join(modules)}; " if modules else ""
+    return head + f"torch.serialization.add_safe_globals([{', '.join(exprs)}])"

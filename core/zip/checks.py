@@ -1,0 +1,285 @@
+"""Forensic checks over a parsed zip directory -> findings.
+
+Strategy: every check reads only what core.zip.directory already parsed (central entries, the
+local headers the caller fetched, EOCD positions); nothing here reads the source except
+`verify_crcs`, which the caller runs only when asked (ScanOptions.verify_crc). Each code
+is capped at MAX_PER_CODE findings plus one summary, so a hostile 1M-entry archive yields
+a bounded report.
+
+What torch 2.13 does with each anomaly (verified in tests/core/zip/test_zip_torch.py):
+* duplicate names: loads whichever entry miniz's heap sort + binary search lands on,
+  case-insensitively (zipdir.torch_names) - neither reliably first nor last;
+* local header name/sizes/flags/method: ignored, the central directory wins; only the
+  local name and extra lengths move the data offset;
+* CRC-32: never checked; gaps between records and appended bytes: ignored;
+* prepended bytes with absolute offsets: miniz reads the archive; torch.load takes the
+  zip path only if the file still starts with `PK\\x03\\x04` (polyglot), else legacy;
+* encrypted entries, methods other than 0/8: "unsupported encryption"/"unsupported method";
+  deflated entries load;
+* any entry outside `<prefix>/` (incl. `../x`): "file in archive is not in a subdirectory".
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections import defaultdict
+from collections.abc import Mapping
+
+from ckptguard.core.errors import CkptError, Code
+from ckptguard.core.io.source import ByteSource
+from ckptguard.core.state import Analysis
+from ckptguard.core.zip.directory import (
+    FLAG_UTF8,
+    LOCAL_SIZE,
+    ZIP64_EOCD_SIZE,
+    ZIP64_LOCATOR_SIZE,
+    LocalHeader,
+    ZipDirectory,
+    ZipEntry,
+    fold_name,
+    read_record,
+)
+from ckptguard.core.zip.offsets import U32_MAX, descriptor_size
+
+MAX_PER_CODE = 50
+FLAG_ENCRYPTED = 0x0001
+FLAG_DESCRIPTOR = 0x0008
+FLAG_STRONG_ENCRYPTION = 0x0040
+FLAG_MASKED_HEADER = 0x2000
+KNOWN_METHODS = {0: "stored", 8: "deflate"}
+
+
+class _Capped:
+    """Adds findings to an Analysis, at most MAX_PER_CODE per code, then one summary each."""
+
+    def __init__(self, an: Analysis) -> None:
+        self.an = an
+        self.counts: dict[Code, int] = defaultdict(int)
+
+    def add(self, code: Code, message: str, *, record: str | None = None,
+            offset: int | None = None) -> None:
+        self.counts[code] += 1
+        if self.counts[code] <= MAX_PER_CODE:
+            self.an.add(code, message, record=record, offset=offset)
+
+    def close(self) -> None:
+        for code, n in self.counts.items():
+            if n > MAX_PER_CODE:
+                self.an.add(code, f"... and {n - MAX_PER_CODE} more {code} findings")
+
+
+def check_archive(directory: ZipDirectory, locals_: Mapping[int, LocalHeader], an: Analysis) -> None:
+    """Add every zip-level anomaly of `directory` (and the given local headers) to `an`."""
+    out = _Capped(an)
+    _check_names(directory, out)
+    _check_entries(directory, locals_, out)
+    _check_layout(directory, locals_, out)
+    if directory.comment:
+        out.add(Code.ZIP_COMMENT, f"archive comment of {len(directory.comment)} bytes",
+                offset=directory.archive_end - len(directory.comment))
+    out.close()
+
+
+def _check_names(directory: ZipDirectory, out: _Capped) -> None:
+    by_exact: dict[bytes, list[ZipEntry]] = defaultdict(list)
+    by_folded: dict[bytes, list[ZipEntry]] = defaultdict(list)
+    for e in directory.entries:
+        by_exact[e.name_bytes].append(e)
+    for raw, group in by_exact.items():
+        if len(group) > 1:
+            read = directory.by_name[group[0].name]
+            out.add(Code.ZIP_DUPLICATE_NAME,
+                    f"{len(group)} entries named {group[0].name!r} (central indexes "
+                    f"{[e.index for e in group]}); torch reads index {read.index} at "
+                    f"{read.header_offset}", record=group[0].name, offset=group[0].central_offset)
+        by_folded[fold_name(raw)].append(group[0])
+    for group in by_folded.values():
+        if len(group) > 1:
+            # miniz compares names case-insensitively: one of them shadows the others
+            read = directory.by_name[group[0].name]
+            out.add(Code.ZIP_DUPLICATE_NAME,
+                    f"names {[e.name for e in group]} differ only in case; torch reads "
+                    f"{read.name!r} (index {read.index}) for all of them",
+                    record=group[0].name, offset=group[0].central_offset)
+
+    prefix = directory.prefix()
+    for e in directory.entries:
+        name = e.name
+        if not name.startswith(f"{prefix}/") or not prefix:
+            out.add(Code.ZIP_NAME_OUTSIDE_PREFIX,
+                    f"file in archive is not in a subdirectory {prefix}/: {name}",
+                    record=name, offset=e.central_offset)
+        problem = _name_problem(e)
+        if problem:
+            out.add(Code.ZIP_BAD_NAME, f"entry name {name!r} {problem}", record=name,
+                    offset=e.central_offset)
+
+
+def _name_problem(e: ZipEntry) -> str | None:
+    raw = e.name_bytes
+    if not raw:
+        return "is empty"
+    if b"\x00" in raw:
+        return "contains a NUL byte (C readers truncate it)"
+    if raw.startswith((b"/", b"\\")) or (len(raw) > 1 and raw[1:2] == b":"):
+        return "is absolute"
+    parts = raw.replace(b"\\", b"/").split(b"/")
+    if b".." in parts:
+        return "has a '..' component"
+    if not raw.isascii():
+        if not e.flags & FLAG_UTF8:
+            return "is not ASCII and lacks the UTF-8 flag (readers decode it differently)"
+        try:
+            raw.decode("utf-8")
+        except UnicodeDecodeError:
+            return "is not valid UTF-8"
+    return None
+
+
+def _check_entries(directory: ZipDirectory, locals_: Mapping[int, LocalHeader], out: _Capped) -> None:
+    for e in directory.entries:
+        if e.flags & (FLAG_ENCRYPTED | FLAG_STRONG_ENCRYPTION | FLAG_MASKED_HEADER):
+            out.add(Code.ZIP_ENCRYPTED_ENTRY,
+                    f"{e.name} is encrypted (flags {e.flags:#06x}): torch fails with "
+                    "'unsupported encryption'", record=e.name, offset=e.header_offset)
+        if e.method == 8:
+            out.add(Code.ZIP_COMPRESSED_ENTRY,
+                    f"{e.name} is deflated ({e.compressed_size} -> {e.uncompressed_size} bytes)",
+                    record=e.name, offset=e.header_offset)
+        elif e.method != 0:
+            out.add(Code.ZIP_UNSUPPORTED_METHOD,
+                    f"{e.name} uses compression method {e.method}: torch fails with "
+                    "'unsupported method'", record=e.name, offset=e.header_offset)
+        local = locals_.get(e.index)
+        if local is not None:
+            diff = _local_differences(e, local)
+            if diff:
+                out.add(Code.ZIP_LOCAL_CENTRAL_MISMATCH,
+                        f"local header of {e.name} disagrees with the central directory: "
+                        + "; ".join(diff), record=e.name, offset=local.offset)
+
+
+def _local_sizes(local: LocalHeader) -> tuple[int, int]:
+    """(csize, usize) of a local header, zip64 extra resolved when sentinels are used."""
+    csize, usize = local.compressed_size, local.uncompressed_size
+    if U32_MAX not in (csize, usize):
+        return csize, usize
+    pos, extra = 0, local.extra
+    while pos + 4 <= len(extra):
+        fid = int.from_bytes(extra[pos:pos + 2], "little")
+        flen = int.from_bytes(extra[pos + 2:pos + 4], "little")
+        if fid == 1 and flen >= 16:
+            return (int.from_bytes(extra[pos + 12:pos + 20], "little"),
+                    int.from_bytes(extra[pos + 4:pos + 12], "little"))
+        pos += 4 + flen
+    return csize, usize
+
+
+def _local_differences(e: ZipEntry, local: LocalHeader) -> list[str]:
+    diff: list[str] = []
+    if local.name_bytes != e.name_bytes:
+        diff.append(f"name {local.name_bytes!r} vs {e.name_bytes!r}")
+    if local.flags != e.flags:
+        diff.append(f"flags {local.flags:#06x} vs {e.flags:#06x}")
+    if local.method != e.method:
+        diff.append(f"method {local.method} vs {e.method}")
+    if not local.flags & FLAG_DESCRIPTOR:
+        # bit 3 clear: the local header must carry the real CRC and sizes
+        csize, usize = _local_sizes(local)
+        if (csize, usize) != (e.compressed_size, e.uncompressed_size):
+            diff.append(f"sizes {csize}/{usize} vs {e.compressed_size}/{e.uncompressed_size}")
+        if local.crc32 != e.crc32:
+            diff.append(f"crc {local.crc32:#010x} vs {e.crc32:#010x}")
+    return diff
+
+
+def _record_span(e: ZipEntry, local: LocalHeader | None) -> tuple[int, int, int, bool]:
+    """(start, payload end, end incl. descriptor, exact) of an entry's bytes in the file.
+
+    Without its local header the extra length is unknown (torch's FB padding lives only
+    there): the span is then a lower bound, good for overlaps but not for gaps.
+    """
+    data = local.data_offset if local is not None else e.header_offset + LOCAL_SIZE + len(e.name_bytes)
+    end = data + e.compressed_size
+    desc = descriptor_size(e.header_offset, e.compressed_size) if e.flags & FLAG_DESCRIPTOR else 0
+    return e.header_offset, end, end + desc, local is not None
+
+
+def _check_layout(directory: ZipDirectory, locals_: Mapping[int, LocalHeader], out: _Capped) -> None:
+    spans = sorted((*_record_span(e, locals_.get(e.index)), e.index) for e in directory.entries)
+    entries = directory.entries
+    first = spans[0][0] if spans else directory.cd_offset
+    if first > 0:
+        out.add(Code.ZIP_PREPENDED_DATA,
+                f"{first} bytes before the first record: torch.load takes the zip path only if the "
+                "file starts with PK\\x03\\x04 (polyglot / self-extracting layout)", offset=0)
+    # payload_end: bytes that must not overlap; cursor: incl. the expected data descriptor
+    # (a writer without the PK\x07\x08 signature uses 12 bytes: tolerated, not flagged)
+    cursor = payload_end_max = first
+    exact = True                 # is `cursor` known exactly (local header read)?
+    owner: ZipEntry | None = None
+    for start, payload_end, end, is_exact, index in spans:
+        e = entries[index]
+        if start < payload_end_max:
+            out.add(Code.ZIP_OVERLAPPING_ENTRIES,
+                    f"{e.name} at {start} overlaps {owner.name if owner else '?'} "
+                    f"(which ends at {payload_end_max})", record=e.name, offset=start)
+        elif start > cursor and exact:
+            out.add(Code.ZIP_UNREFERENCED_DATA,
+                    f"{start - cursor} bytes at {cursor} before {e.name} belong to no entry",
+                    record=e.name, offset=cursor)
+        if payload_end > payload_end_max:
+            payload_end_max, owner = payload_end, e
+        if end >= cursor:
+            cursor, exact = end, is_exact
+    if payload_end_max > directory.cd_offset:
+        out.add(Code.ZIP_OVERLAPPING_ENTRIES,
+                f"records reach {payload_end_max}, past the central directory at {directory.cd_offset}",
+                offset=directory.cd_offset)
+    elif cursor < directory.cd_offset and exact:
+        out.add(Code.ZIP_UNREFERENCED_DATA,
+                f"{directory.cd_offset - cursor} bytes at {cursor} before the central directory "
+                "belong to no entry", offset=cursor)
+    cd_end = directory.cd_offset + directory.cd_size
+    tail_start = directory.zip64_eocd_offset if directory.zip64_eocd_offset is not None \
+        else directory.eocd_offset
+    if directory.zip64 and directory.zip64_eocd_offset is not None and \
+            directory.zip64_eocd_offset + ZIP64_EOCD_SIZE + ZIP64_LOCATOR_SIZE != directory.eocd_offset:
+        out.add(Code.ZIP_UNREFERENCED_DATA,
+                f"zip64 end record at {directory.zip64_eocd_offset} is not right before the locator",
+                offset=directory.zip64_eocd_offset)
+    if tail_start > cd_end:
+        out.add(Code.ZIP_UNREFERENCED_DATA,
+                f"{tail_start - cd_end} bytes at {cd_end} between the central directory and its end "
+                "record belong to no entry", offset=cd_end)
+    if directory.archive_end < directory.size:
+        out.add(Code.ZIP_APPENDED_DATA,
+                f"{directory.size - directory.archive_end} bytes after the end of the archive "
+                f"(at {directory.archive_end}); torch ignores them", offset=directory.archive_end)
+
+
+def verify_crcs(source: ByteSource, directory: ZipDirectory, an: Analysis, *,
+                max_nbytes: int | None = None) -> None:
+    """Read every stored/deflated record and compare its CRC-32 (torch never does).
+
+    Records whose central CRC is 0 are skipped: torch writes 0 under
+    `set_crc32_options(False)`.
+    """
+    cap = max_nbytes if max_nbytes is not None else an.options.limits.max_bytes_read
+    out = _Capped(an)
+    for e in directory.entries:
+        if e.crc32 == 0 or e.method not in KNOWN_METHODS or directory.by_name.get(e.name) is not e:
+            continue
+        try:
+            data = read_record(source, directory, e.name, max_nbytes=cap)
+        except CkptError as exc:
+            out.add(exc.code, exc.message, record=e.name, offset=exc.offset)
+            continue
+        crc = zlib.crc32(data)
+        if crc != e.crc32:
+            out.add(Code.ZIP_CRC_MISMATCH,
+                    f"{e.name}: CRC-32 {crc:#010x} of its bytes, central directory says "
+                    f"{e.crc32:#010x} (torch does not check)", record=e.name, offset=e.header_offset)
+    out.close()
+
+
