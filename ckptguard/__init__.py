@@ -6,8 +6,8 @@ in, so the repository, an editable install, the wheel and the image all see one 
 
 Example:
     >>> from ckptguard import scan_bytes
-    >>> scan_bytes(b"\\x80\\x04K\\x01.").verdict
-    'suspicious'
+    >>> scan_bytes(b"cos\\nsystem\\n(S'echo pwned'\\ntR.").verdict   # never run
+    'unsafe'
 
 Names resolve on first use (PEP 562), so `import ckptguard` stays cheap: numpy, httpx
 and the engine load only when a function that needs them is called.
@@ -47,7 +47,11 @@ _EXPORTS: dict[str, str] = {
     "SourceError": "ckptguard.core.errors",
 }
 
-__all__ = ["__version__", *_EXPORTS]
+__all__ = [
+    "CkptError", "Code", "Finding", "GlobalEntry", "Limits", "Report", "ScanOptions", "Severity",
+    "SourceError", "StorageEntry", "TensorEntry", "Verdict", "__version__", "open_checkpoint",
+    "scan_bytes", "scan_path", "scan_source",
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -241,3 +241,11 @@ class FormatError(CkptError):
 
 class LimitExceeded(CkptError):
     """A resource cap was hit: fail closed with verdict invalid."""
+
+
+class Decline(Exception):
+    """A fast path cannot vouch for this input: the caller runs the exact interpreters.
+
+    Not a CkptError: it never reaches a report. Raised by the C-speed paths (core.pickle.fast,
+    core.zip.columns, core.lane) before they have recorded anything.
+    """

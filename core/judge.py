@@ -16,26 +16,25 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from ckptguard.core.errors import Code, LimitExceeded
-from ckptguard.core.pickle.fast.stubs import Decline, FastResult, check_rebuild, fast_load
+from ckptguard.core.errors import Code, Decline, LimitExceeded
+from ckptguard.core.pickle.fast.stubs import FastResult, fast_load
 from ckptguard.core.pickle.fast.tokenize import Tokens
 from ckptguard.core.pickle.renames import python_map
 from ckptguard.core.pickle.vm import GlobalUse, VmResult, run_vm
 from ckptguard.core.report import WeightsOnly
 from ckptguard.core.state import Analysis
 from ckptguard.core.threats.assess import assess
-from ckptguard.core.torch.callables import numpy_dtype_class
-from ckptguard.core.torch.dtypes import ITEMSIZE, storage_dtype
+from ckptguard.core.torch.dtypes import ITEMSIZE
+from ckptguard.core.torch.rules import BLOCKED_MODULES, check_rebuild, check_storage_pid
+from ckptguard.core.torch.user_models import numpy_dtype_class
 from ckptguard.core.torch.weights_only import (
     ALLOWED_GLOBALS,
     BASELINE_USER_GLOBALS,
-    BLOCKED_MODULES,
     StorageResolver,
     StorageUse,
     TorchError,
     WeightsOnlyResult,
     emulate,
-    restorable,
     safe_globals_hint,
     unsafe_globals,
 )
@@ -60,7 +59,7 @@ def scan_pickle(data: bytes | memoryview, an: Analysis, *, record: str | None,
     opts = an.options
     view = bytes(memoryview(data)[start:]) if start else bytes(data)
     base = base_offset + start
-    scan = None if legacy else _try_fast(view, an, resolver, base)
+    scan = None if legacy or an.options.engine == "exact" else _try_fast(view, an, resolver, base)
     if scan is None:
         wo = emulate(view, allow=opts.allow, resolver=resolver, base_offset=base,
                      limits=opts.limits, legacy=legacy)
@@ -98,19 +97,7 @@ def _try_fast(data: bytes, an: Analysis, resolver: StorageResolver | None,
     storages: dict[str, StorageUse] = {}
 
     def check_pid(pid: tuple[Any, ...]) -> None:
-        # torch `_load.persistent_load`, zip flavour (FORMATS.md §2.2), narrowly
-        if len(pid) != 5 or pid[0] not in ("storage", b"storage"):
-            raise Decline("persistent id is not a 5-field storage tuple")
-        st, key, location, numel = pid[1:]
-        if (type(st) is not Global or type(key) is not str or type(location) is not str
-                or type(numel) is not int or numel < 0 or not restorable(location)):
-            raise Decline("unusual storage persistent id")
-        if st.full == "torch.storage.UntypedStorage":
-            dtype: str | None = "uint8"
-        else:
-            dtype = storage_dtype(st.module, st.name)
-        if dtype is None:
-            raise Decline(f"storage type {st.full}")
+        st, key, location, numel, dtype = check_storage_pid(pid)
         nbytes = numel * ITEMSIZE[dtype]
         prev = storages.get(key)
         if prev is not None:
@@ -131,7 +118,8 @@ def _try_fast(data: bytes, an: Analysis, resolver: StorageResolver | None,
 
     try:
         fast = fast_load(data, allowed=allowed_checker(an.options.allow), check_pid=check_pid,
-                         check_call=check_call)
+                         check_call=check_call,
+                         max_build_state_keys=an.options.limits.max_build_state_keys)
     except Decline:
         return None
     return _as_scan(fast, list(storages.values()), base_offset)

@@ -25,11 +25,39 @@ class Limits:
     max_npy_header_bytes: int = 10_000           # numpy's default cap
     max_npy_headers_total: int = 2 * 1024 * 1024  # all .npy headers of one .npz together
     max_trailing_pickles: int = 16
+    # Keys of all OrderedDict BUILD states of one pickle: torch updates `__dict__` with every
+    # key of every BUILD, so one memoized 10k-key state applied by 100k BUILDs costs 1 G steps
+    # (torch's and every walk of ours). Past it: not modelled, "would take minutes or hang".
+    max_build_state_keys: int = 1_000_000
+    max_vm_notes: int = 10_000                  # the symbolic VM's notes per pickle
+    # dict-key / set-member nodes the VM hashes for one pickle: the same memoized 10k-node
+    # tuple used as a key 200k times would cost 2 G steps, in our walk and in CPython's hash
+    max_key_nodes: int = 2_000_000
+    max_nested_pickles: int = 64                # inline pickles (pickle.loads(b'...')) interpreted per scan
+    max_nested_pickle_depth: int = 2            # an inline pickle inside an inline pickle, at most
+    # legacy .tar: header blocks walked, bytes of one pax/GNU long-name record, and how far
+    # torch's tarfile.open probe may need to read before the first real header
+    max_tar_headers: int = 10_000
+    max_tar_pax_bytes: int = 1 << 20
+    max_tar_probe_bytes: int = 1 << 20
+    # torch.export .pt2: model JSON, small records, models judged, the report's summary
+    max_pt2_json_bytes: int = 256 * 1024 * 1024
+    max_pt2_small_record: int = 64
+    max_pt2_models: int = 64
+    max_pt2_summary_json: int = 2048
+    max_pt2_expr_chars: int = 4096              # one symbolic expression (sympy would eval it)
+    max_pt2_graph_depth: int = 32               # nested higher-order subgraphs
+    max_pt2_violations: int = 200               # verifier violations listed per model
+    # Findings: past these a report lists one summary per code instead of every repeat, so
+    # its size follows the anomalies' kinds, not their count.
+    max_zip_findings_per_code: int = 50         # zip forensics
+    max_pt2_findings_per_code: int = 100
+    max_pt2_message_chars: int = 600
+    max_nested_findings: int = 200              # merged from a checkpoint nested in a .pt2
+    max_format_findings: int = 64               # safetensors violations
+    max_call_findings: int = 64                 # dangerous calls per pickle
+    max_notes_per_code: int = 32                # the VM's notes, per code and pickle
+    max_global_findings: int = 256              # per code and pickle (every global keeps its entry)
 
 
 DEFAULT_LIMITS = Limits()
-
-# Keys of all OrderedDict BUILD states of one pickle: torch updates `__dict__` with every
-# key of every BUILD, so one memoized 10k-key state applied by 100k BUILDs costs 1 G steps
-# (torch's and every walk of ours). Past it: not modelled, "would take minutes or hang".
-MAX_BUILD_STATE_KEYS = 1_000_000

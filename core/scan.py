@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from ckptguard.core import __version__
 from ckptguard.core.errors import CkptError, Code, LimitExceeded, SourceError
-from ckptguard.core.io.source import ByteSource, FileSource
+from ckptguard.core.io.source import ByteSource, BytesSource, FileSource
 from ckptguard.core.report import FormatName, Report, SourceInfo, WeightsOnly, decide_verdict
 from ckptguard.core.sniff import HEAD_BYTES, Sniffed, sniff
 from ckptguard.core.state import Analysis, ScanOptions
@@ -74,6 +74,20 @@ def scan_source(source: ByteSource, *, options: ScanOptions | None = None,
         if gc_was_enabled:
             gc.enable()
     return _report(an, source, info, started)
+
+
+def _scan_nested(source: ByteSource, options: ScanOptions) -> Report:
+    """A checkpoint embedded in another one (a .pt2's torch zips): the same scan, nested."""
+    return scan_source(source, options=options)
+
+
+def scan_bytes(data: bytes, *, options: ScanOptions | None = None, name: str = "bytes") -> Report:
+    """Scan bytes already in memory.
+
+    >>> scan_bytes(b"cos\\nsystem\\n(S'echo pwned'\\ntR.").verdict   # never run
+    'unsafe'
+    """
+    return scan_source(BytesSource(data, name=name), options=options)
 
 
 def _report(an: Analysis, source: ByteSource, info: SourceInfo, started: float) -> Report:
@@ -191,7 +205,8 @@ def _analyze_zip(source: ByteSource, an: Analysis, kind: Sniffed) -> None:
     from ckptguard.core.lane.torch_zip import try_torch_zip
     from ckptguard.core.zip.directory import read_directory
 
-    if try_torch_zip(source, an):   # a clean torch.save archive, proven in columns
+    # a clean torch.save archive, proven in columns
+    if an.options.engine == "auto" and try_torch_zip(source, an):
         return
     try:
         directory = read_directory(source, an.options.limits)
@@ -214,7 +229,7 @@ def _analyze_zip(source: ByteSource, an: Analysis, kind: Sniffed) -> None:
     elif zip_kind == "torch-export":
         from ckptguard.core.formats.export import archive as torch_export
 
-        torch_export.analyze_zip(source, directory, an)
+        torch_export.analyze_zip(source, directory, an, scan_nested=_scan_nested)
     elif zip_kind == "numpy-zip":
         from ckptguard.core.formats import npy
 

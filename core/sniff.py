@@ -55,7 +55,7 @@ def sniff(head: bytes, tail: bytes, size: int) -> Sniffed:
     zip_at_tail = ZIP_EOCD_MAGIC in tail[-(65535 + 22):]
     if head.startswith(ZIP_LOCAL_MAGIC):
         return Sniffed("zip", zip_at_tail)
-    if _is_tar(head):
+    if is_tar(head):
         # torch's legacy path tries tarfile.open first: whatever it accepts (a v7 header
         # without "ustar", even an all-zero block) goes down the .tar branch
         return Sniffed("torch-tar", zip_at_tail, "tar")
@@ -76,12 +76,6 @@ def sniff(head: bytes, tail: bytes, size: int) -> Sniffed:
     return Sniffed("unknown", zip_at_tail)
 
 
-def _is_tar(head: bytes) -> bool:
-    from ckptguard.core.formats.torch_tar import is_tar  # the tarfile.open emulation lives there
-
-    return is_tar(head)
-
-
 def _looks_like_safetensors(head: bytes, size: int) -> bool:
     """u64 header length, then a JSON object (FORMATS.md §6)."""
     if len(head) < 9:
@@ -91,3 +85,84 @@ def _looks_like_safetensors(head: bytes, size: int) -> bool:
         return False
     first = head[8:].lstrip(b" \t\r\n")[:1]
     return first == b"{"
+
+
+# --- tar: would `tarfile.open(fileobj=f, mode="r:")` accept the file? -------------------
+# torch.load tries tarfile first on a real file (FORMATS.md §4.2); this replays the checks
+# of CPython's TarInfo.frombuf that decide it (core/formats/torch_tar.py reads the members).
+
+TAR_BLOCK = 512
+_NUMERIC_FIELDS = ((100, 108), (108, 116), (116, 124), (124, 136), (136, 148), (329, 337), (337, 345))
+_MAX_CHAIN = 8
+_CHAINED = (b"L", b"K", b"x", b"g", b"X")   # GNU long name/link, pax headers
+
+
+class _Invalid(Exception):
+    """tarfile's InvalidHeaderError."""
+
+
+def tar_number(field: bytes) -> int:
+    """tarfile.nti: base-256 if the first byte is 0o200/0o377, else NUL-terminated octal."""
+    if field[0] in (0o200, 0o377):
+        n = int.from_bytes(field[1:], "big")
+        return n - 256 ** (len(field) - 1) if field[0] == 0o377 else n
+    text = field.split(b"\0", 1)[0]
+    try:
+        return int(text.decode("ascii").strip() or "0", 8)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise _Invalid from exc
+
+
+def is_tar(head: bytes) -> bool:
+    """Would `tarfile.open(fileobj=f, mode="r:")` accept a file starting with `head`?
+
+    Mirrors TarFile.next() at offset 0: a short first block or a bad checksum/number
+    field is a ReadError; an all-zero block ends the archive silently (open succeeds);
+    GNU long-name and pax headers need a valid header after their data. `head` must
+    hold `tar_bytes_needed(head)` bytes (or the whole file) for an exact answer.
+    """
+    return _probe(head)[0] is True
+
+
+def tar_bytes_needed(head: bytes) -> int:
+    """How many leading bytes `is_tar` must see (more than `len(head)` for header chains)."""
+    answer = _probe(head)[0]
+    return answer if type(answer) is int else len(head)
+
+
+def tar_fail_offset(head: bytes, size: int) -> int:
+    """Where a failed `tarfile.open` leaves the file position: just after the header block it
+    could not parse. torch then checks for a zip magic THERE (serialization.py _legacy_load)."""
+    return min(size, _probe(head)[1] + TAR_BLOCK)
+
+
+def _probe(head: bytes) -> tuple[bool | int, int]:
+    """(True/False, or the byte count still needed; position of the last header read)."""
+    pos = 0
+    for depth in range(_MAX_CHAIN):
+        if len(head) < pos + TAR_BLOCK:
+            return (pos + TAR_BLOCK if depth else False), pos
+        block = head[pos:pos + TAR_BLOCK]
+        if block.count(0) == TAR_BLOCK:
+            return depth == 0, pos   # at offset 0: empty archive; later: SubsequentHeaderError
+        if not valid_tar_block(block):
+            return False, pos
+        if block[156:157] not in _CHAINED:
+            return True, pos
+        pos += TAR_BLOCK + -(-max(0, tar_number(block[124:136])) // TAR_BLOCK) * TAR_BLOCK
+    return False, pos
+
+
+def valid_tar_block(block: bytes) -> bool:
+    """TarInfo.frombuf's checks: checksum (unsigned or signed) and every number field."""
+    try:
+        chksum = tar_number(block[148:156])
+        unsigned = 256 + sum(struct.unpack_from("148B8x356B", block))
+        signed = 256 + sum(struct.unpack_from("148b8x356b", block))
+        if chksum not in (unsigned, signed):
+            return False
+        for lo, hi in _NUMERIC_FIELDS:
+            tar_number(block[lo:hi])
+    except _Invalid:
+        return False
+    return True

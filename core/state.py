@@ -9,7 +9,7 @@ frozen report lets every layer report what it saw even when a later layer fails.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from ckptguard.core.errors import CkptError, Code, Severity
 from ckptguard.core.limits import DEFAULT_LIMITS, Limits
@@ -23,6 +23,13 @@ from ckptguard.core.report import (
     WeightsOnly,
 )
 
+# Which engines may decide. Every engine gives the same report (tests/agreement proves it on
+# every generated corpus); they differ only in speed:
+#   auto     the column-wise lane for plain torch.save zips, else the general path
+#   general  no lane: each pickle tries the C-speed fast path, then the exact interpreters
+#   exact    only the exact interpreters (the reference the other two must equal)
+Engine = Literal["auto", "general", "exact"]
+
 
 @dataclass(frozen=True, slots=True)
 class ScanOptions:
@@ -31,6 +38,7 @@ class ScanOptions:
     allow: frozenset[str] = frozenset()
     limits: Limits = DEFAULT_LIMITS
     verify_crc: bool = False        # read whole records to check CRC-32 (costs a full read)
+    engine: Engine = "auto"
 
 
 @dataclass(slots=True)

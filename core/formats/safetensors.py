@@ -23,8 +23,9 @@ import struct
 from dataclasses import dataclass, field
 from typing import Any
 
-from ckptguard.core.errors import Code, FormatError
+from ckptguard.core.errors import Code, FormatError, LimitExceeded
 from ckptguard.core.io.source import ByteSource
+from ckptguard.core.limits import DEFAULT_LIMITS
 from ckptguard.core.report import TensorEntry, WeightsOnly
 from ckptguard.core.state import Analysis
 from ckptguard.core.torch.dtypes import SAFETENSORS_DTYPE
@@ -34,7 +35,6 @@ SPECULATIVE_READ = 64 * 1024           # one read covers most headers
 SERDE_MAX_DEPTH = 127                  # serde_json recursion limit: 128 nested levels fail
 U64_MAX = 2**64 - 1
 INT64_MAX = 2**63 - 1                  # every int of the manifest fits torch's int64
-MAX_FINDINGS = 64                      # per-file cap on repeated offset/size findings
 METADATA_KEY = "__metadata__"
 _FIELDS = ("dtype", "shape", "data_offsets")
 
@@ -77,16 +77,17 @@ def analyze(source: ByteSource, an: Analysis) -> None:
     an.format = "safetensors"
     size = source.size
     try:
-        header = read_header(source)
+        header = read_header(source, an.options.limits.max_header_bytes)
         problems = validate(header, size)
     except FormatError as exc:
         an.add_error(exc)
         an.weights_only = WeightsOnly(loadable=False, error=exc.message, error_type="SafetensorError")
         return
-    for problem in problems[:MAX_FINDINGS]:
+    cap = an.options.limits.max_format_findings
+    for problem in problems[:cap]:
         an.add_error(problem)
-    if len(problems) > MAX_FINDINGS:
-        an.add(problems[0].code, f"{len(problems) - MAX_FINDINGS} more violations not listed")
+    if len(problems) > cap:
+        an.add(problems[0].code, f"{len(problems) - cap} more violations not listed")
     for name in header.duplicates:
         an.add(Code.ST_DUPLICATE_NAME, f"tensor name {name!r} appears more than once; "
                "the library keeps the last one, other readers may keep the first", offset=8)
@@ -148,8 +149,10 @@ def _shape_text(shape: list[int]) -> str:
     return f"[{', '.join(map(str, shape[:8]))}, ...] ({len(shape)} dims)"
 
 
-def read_header(source: ByteSource) -> StHeader:
-    """Read and parse the JSON header (at most two source reads). Raises FormatError."""
+def read_header(source: ByteSource, max_header_bytes: int = DEFAULT_LIMITS.max_header_bytes) -> StHeader:
+    """Read and parse the JSON header (at most two source reads). Raises FormatError, or
+    LimitExceeded past our own cap (Limits.max_header_bytes, which may be lower than the
+    library's MAX_HEADER_SIZE)."""
     size = source.size
     if size < 8:
         raise FormatError(Code.ST_BAD_HEADER, "header too small", offset=0)
@@ -157,6 +160,8 @@ def read_header(source: ByteSource) -> StHeader:
     (n,) = struct.unpack_from("<Q", first)
     if n > MAX_HEADER_SIZE:
         raise FormatError(Code.ST_BAD_HEADER, f"header too large ({n} bytes)", offset=0)
+    if n > max_header_bytes:
+        raise LimitExceeded(Code.LIMIT_HEADER, f"a {n}-byte safetensors header", offset=0)
     if 8 + n > size:
         raise FormatError(Code.ST_BAD_HEADER,
                           f"invalid header length {n} for a {size}-byte file", offset=0)

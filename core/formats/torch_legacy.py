@@ -19,6 +19,7 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
+from ckptguard.core import sniff
 from ckptguard.core.errors import Code, LimitExceeded
 from ckptguard.core.formats import torch_tar
 from ckptguard.core.io.source import ByteSource
@@ -29,7 +30,7 @@ from ckptguard.core.pickle.vm import run_vm
 from ckptguard.core.pickle.window import PickleWindow
 from ckptguard.core.state import Analysis
 from ckptguard.core.threats.assess import assess
-from ckptguard.core.torch.dtypes import ITEMSIZE, storage_dtype
+from ckptguard.core.torch.rules import storage_itemsize
 from ckptguard.core.torch.weights_only import TorchError
 from ckptguard.core.values import Call, Global, PersId
 
@@ -42,7 +43,6 @@ _PICKLES = ("magic number", "protocol version", "sys_info", "main object", "stor
 _WRONG_SIZE = "storage has wrong byte size: expected %ld got %ld"
 _EOF = "unexpected EOF, expected {} more bytes. The file might be corrupted."
 _FIRST_WINDOW = 1 << 16     # most legacy pickles fit; the window doubles as needed
-_MAX_TAR_PROBE = 1 << 20
 _UNUSED_BLOCK_KEYS = 8       # findings for overwritten/missing blocks, then a summary
 
 
@@ -53,10 +53,10 @@ def analyze(source: ByteSource, an: Analysis) -> None:
     ('torch-legacy', 537)
     """
     head = source.read_at(0, min(source.size, 512))
-    need = torch_tar.tar_bytes_needed(head)
-    if need > len(head) and need <= min(source.size, _MAX_TAR_PROBE):
+    need = sniff.tar_bytes_needed(head)
+    if need > len(head) and need <= min(source.size, an.options.limits.max_tar_probe_bytes):
         head = source.read_at(0, need)
-    if torch_tar.is_tar(head):   # torch tries tarfile.open first (real files at offset 0)
+    if sniff.is_tar(head):   # torch tries tarfile.open first (real files at offset 0)
         an.format = "torch-tar"
         torch_tar.analyze_tar(source, an)
         return
@@ -65,7 +65,7 @@ def analyze(source: ByteSource, an: Analysis) -> None:
            offset=0)
     stream = _Stream(source, an)
     # After the failed tarfile.open, torch looks for a zip magic where tarfile stopped reading.
-    stop = torch_tar.tar_fail_offset(head, source.size)
+    stop = sniff.tar_fail_offset(head, source.size)
     if stop + 4 <= source.size and source.read_at(stop, 4) == b"PK\x03\x04":
         stream.fail(TorchError("RuntimeError", f"{source.name} is a zip archive (did you mean to "
                                "use torch.jit.load()?)", stop))
@@ -282,7 +282,7 @@ def _blocks(scan: PickleScan) -> dict[Any, _Block]:
         key, numel = _hashable(pid[2]), pid[4]
         if tag != "storage" or key in out or type(numel) is not int or numel < 0:
             continue
-        itemsize = _itemsize(pid[1])
+        itemsize = storage_itemsize(pid[1], torch_map)
         out[key] = _Block(pid[2], itemsize, numel * itemsize)
         view = pid[5] if len(pid) > 5 else None
         if type(view) is tuple and len(view) == 3 and type(view[2]) is int and view[2] >= 0:
@@ -292,11 +292,6 @@ def _blocks(scan: PickleScan) -> dict[Any, _Block]:
     return out
 
 
-def _itemsize(storage_type: Any) -> int:
-    if type(storage_type) is not Global:
-        return 1
-    dtype = storage_dtype(*torch_map(storage_type.module, storage_type.name))
-    return ITEMSIZE[dtype] if dtype else 1     # UntypedStorage: numel counts bytes
 
 
 def _hashable(key: Any) -> Any:

@@ -2,7 +2,7 @@
 
 Strategy: torch.load on a real file first tries `tarfile.open(f, "r:")`; if the first
 header parses, weights_only=True raises at once (CVE-2025-32434 fix, PR #145020) — so
-`is_tar` replays exactly the checks of CPython's `TarInfo.frombuf` that decide whether
+`core.sniff.is_tar` replays exactly the checks of CPython's `TarInfo.frombuf` that decide whether
 `tarfile.open` succeeds. The members are then walked with our own bounded header
 parser (ustar prefix, GNU long names, pax `path`/`size`), and every pickle inside
 `pickle`, `storages` and `tensors` goes through the VM and the threat analysis: a
@@ -21,92 +21,17 @@ from ckptguard.core.judge import scan_pickle
 from ckptguard.core.pickle.renames import torch_map
 from ckptguard.core.pickle.window import PickleWindow
 from ckptguard.core.report import WeightsOnly
+from ckptguard.core.sniff import TAR_BLOCK as BLOCK
+from ckptguard.core.sniff import tar_number as _nti
+from ckptguard.core.sniff import valid_tar_block as _valid_block
 from ckptguard.core.state import Analysis
-from ckptguard.core.torch.dtypes import ITEMSIZE, storage_dtype
+from ckptguard.core.torch.rules import storage_itemsize
 from ckptguard.core.torch.weights_only import UNSAFE_MESSAGE
-from ckptguard.core.values import Global
 
-BLOCK = 512
 TAR_ERROR = ("Cannot use ``weights_only=True`` with files saved in the legacy .tar format. "
              + UNSAFE_MESSAGE)
-_NUMERIC_FIELDS = ((100, 108), (108, 116), (116, 124), (124, 136), (136, 148), (329, 337), (337, 345))
 _MEMBERS = ("sys_info", "pickle", "storages", "tensors")
-_MAX_HEADERS = 10_000
-_MAX_PAX = 1 << 20
 _ITEM_WINDOW = 1 << 16
-_MAX_CHAIN = 8
-_CHAINED = (b"L", b"K", b"x", b"g", b"X")   # GNU long name/link, pax headers
-
-
-class _Invalid(Exception):
-    """tarfile's InvalidHeaderError."""
-
-
-def _nti(field: bytes) -> int:
-    """tarfile.nti: base-256 if the first byte is 0o200/0o377, else NUL-terminated octal."""
-    if field[0] in (0o200, 0o377):
-        n = int.from_bytes(field[1:], "big")
-        return n - 256 ** (len(field) - 1) if field[0] == 0o377 else n
-    text = field.split(b"\0", 1)[0]
-    try:
-        return int(text.decode("ascii").strip() or "0", 8)
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise _Invalid from exc
-
-
-def is_tar(head: bytes) -> bool:
-    """Would `tarfile.open(fileobj=f, mode="r:")` accept a file starting with `head`?
-
-    Mirrors TarFile.next() at offset 0: a short first block or a bad checksum/number
-    field is a ReadError; an all-zero block ends the archive silently (open succeeds);
-    GNU long-name and pax headers need a valid header after their data. `head` must
-    hold `tar_bytes_needed(head)` bytes (or the whole file) for an exact answer.
-    """
-    return _probe(head)[0] is True
-
-
-def tar_bytes_needed(head: bytes) -> int:
-    """How many leading bytes `is_tar` must see (more than `len(head)` for header chains)."""
-    answer = _probe(head)[0]
-    return answer if type(answer) is int else len(head)
-
-
-def tar_fail_offset(head: bytes, size: int) -> int:
-    """Where a failed `tarfile.open` leaves the file position: just after the header block it
-    could not parse. torch then checks for a zip magic THERE (serialization.py _legacy_load)."""
-    return min(size, _probe(head)[1] + BLOCK)
-
-
-def _probe(head: bytes) -> tuple[bool | int, int]:
-    """(True/False, or the byte count still needed; position of the last header read)."""
-    pos = 0
-    for depth in range(_MAX_CHAIN):
-        if len(head) < pos + BLOCK:
-            return (pos + BLOCK if depth else False), pos
-        block = head[pos:pos + BLOCK]
-        if block.count(0) == BLOCK:
-            return depth == 0, pos   # at offset 0: empty archive; later: SubsequentHeaderError
-        if not _valid_block(block):
-            return False, pos
-        if block[156:157] not in _CHAINED:
-            return True, pos
-        pos += BLOCK + -(-max(0, _nti(block[124:136])) // BLOCK) * BLOCK
-    return False, pos
-
-
-def _valid_block(block: bytes) -> bool:
-    """TarInfo.frombuf's checks: checksum (unsigned or signed) and every number field."""
-    try:
-        chksum = _nti(block[148:156])
-        unsigned = 256 + sum(struct.unpack_from("148B8x356B", block))
-        signed = 256 + sum(struct.unpack_from("148b8x356b", block))
-        if chksum not in (unsigned, signed):
-            return False
-        for lo, hi in _NUMERIC_FIELDS:
-            _nti(block[lo:hi])
-    except _Invalid:
-        return False
-    return True
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,7 +48,8 @@ def read_members(source: ByteSource, an: Analysis) -> list[TarMember]:
     offset, size = 0, source.size
     long_name: str | None = None
     pax: dict[str, str] = {}
-    for _ in range(_MAX_HEADERS):
+    limits = an.options.limits
+    for _ in range(limits.max_tar_headers):
         if offset + BLOCK > size:
             break
         block = source.read_at(offset, BLOCK)
@@ -140,7 +66,7 @@ def read_members(source: ByteSource, an: Analysis) -> list[TarMember]:
             an.add(Code.TORCH_BAD_LEGACY_STREAM, f"tar member {name!r} runs past the end",
                    offset=offset)
             break
-        if kind in (b"L", b"x", b"g") and length <= _MAX_PAX:
+        if kind in (b"L", b"x", b"g") and length <= limits.max_tar_pax_bytes:
             body = source.read_at(data_offset, length)
             if kind == b"L":
                 long_name = body.split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
@@ -153,7 +79,7 @@ def read_members(source: ByteSource, an: Analysis) -> list[TarMember]:
             long_name, pax = None, {}
         offset = data_offset + -(-length // BLOCK) * BLOCK
     else:
-        raise LimitExceeded(Code.LIMIT_ENTRIES, f"more than {_MAX_HEADERS} tar headers")
+        raise LimitExceeded(Code.LIMIT_ENTRIES, f"more than {limits.max_tar_headers} tar headers")
     return members
 
 
@@ -217,9 +143,8 @@ def _binary_size(raw: bytes, kind: str, header: object) -> int:
     if kind == "storages":
         count: int = struct.unpack_from("<q", raw)[0]
         itemsize = 1
-        if type(header) is tuple and len(header) == 3 and type(header[2]) is Global:
-            dtype = storage_dtype(*torch_map(header[2].module, header[2].name))
-            itemsize = ITEMSIZE[dtype] if dtype else 1
+        if type(header) is tuple and len(header) == 3:
+            itemsize = storage_itemsize(header[2], torch_map)
         return 8 + max(0, count) * itemsize
     ndim: int = struct.unpack_from("<i", raw)[0]
     return 8 + 16 * max(0, ndim) + 8

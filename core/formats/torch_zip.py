@@ -13,7 +13,6 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from ckptguard.core.errors import CkptError, Code
 from ckptguard.core.io.source import ByteSource
@@ -21,18 +20,18 @@ from ckptguard.core.judge import scan_pickle, set_weights_only
 from ckptguard.core.manifest.build import SiteTable, StorageSite, build_manifest
 from ckptguard.core.pickle.renames import torch_map
 from ckptguard.core.state import Analysis
-from ckptguard.core.torch.dtypes import ITEMSIZE, storage_dtype
+from ckptguard.core.torch.rules import storage_itemsize
 from ckptguard.core.torch.weights_only import TorchError
-from ckptguard.core.values import Global, PersId
+from ckptguard.core.values import PersId
 from ckptguard.core.zip.checks import check_archive, verify_crcs
 from ckptguard.core.zip.directory import (
-    EOCD_SIZE,
     LocalHeader,
     ZipDirectory,
     ZipEntry,
     read_local_headers,
     read_record,
 )
+from ckptguard.core.zip.layout import EOCD_SIZE
 from ckptguard.core.zip.offsets import chain_storage_offsets, verify_chain
 
 _MINIZ_HINT = (". This is an internal miniz error. If you are seeing this error, there is a high "
@@ -163,16 +162,8 @@ def storages_in_order(persids: Iterable[PersId]) -> list[tuple[str, int]]:
         st, key, numel = pid[1], pid[2], pid[4]
         if not isinstance(key, str) or key in seen or not isinstance(numel, int):
             continue
-        seen[key] = numel * _storage_itemsize(st)
+        seen[key] = numel * storage_itemsize(st, torch_map)
     return list(seen.items())
-
-
-def _storage_itemsize(st: Any) -> int:
-    if not isinstance(st, Global):
-        return 1
-    module, name = torch_map(st.module, st.name)
-    dtype = storage_dtype(module, name)
-    return ITEMSIZE[dtype] if dtype else 1   # torch.storage.UntypedStorage: numel is bytes
 
 
 def _read_small_records(source: ByteSource, directory: ZipDirectory,

@@ -31,7 +31,6 @@ Example:
 
 from __future__ import annotations
 
-import bisect
 import re
 import struct
 import threading
@@ -47,9 +46,16 @@ import httpx
 from httpcore._backends.sync import SyncBackend
 
 from ckptguard.core.errors import CkptError, Code, LimitExceeded, SourceError
+from ckptguard.core.io.byteranges import CONTENT_RANGE, multipart_boundary, parse_byteranges
 from ckptguard.core.io.source import IoStats, check_span
+from ckptguard.core.io.spancache import SpanCache, coalesce
 from ckptguard.core.io.urlguard import UrlGuard
 from ckptguard.core.limits import DEFAULT_LIMITS, Limits
+from ckptguard.core.zip.layout import (
+    peek_central_directory,
+    peek_first_central_entry,
+    peek_first_local_header,
+)
 
 DEFAULT_HEAD_BYTES = 64 * 1024
 DEFAULT_TAIL_BYTES = 68 * 1024   # >= the 69,584 bytes miniz's EOCD scan can reach (core.zip.directory)
@@ -62,7 +68,6 @@ REDIRECTS = frozenset({301, 302, 303, 307, 308})
 TRANSIENT_STATUS = frozenset({408, 425, 429, 500, 502, 503, 504})
 USER_AGENT = "ckptguard-http-source"
 
-_CONTENT_RANGE = re.compile(r"^\s*bytes\s+(\d+)-(\d+)/(\d+)\s*$", re.IGNORECASE)
 _UNSATISFIED_RANGE = re.compile(r"^\s*bytes\s+\*/(\d+)\s*$", re.IGNORECASE)
 
 
@@ -110,87 +115,6 @@ def origin_of(url: str) -> tuple[str, str, int | None]:
     scheme = parts.scheme.lower()
     port = parts.port or {"http": 80, "https": 443}.get(scheme)
     return scheme, (parts.hostname or "").lower(), port
-
-
-# --- the span cache ------------------------------------------------------------------------
-
-class SpanCache:
-    """Disjoint, sorted byte spans of the file; adjacent and overlapping spans merge."""
-
-    def __init__(self) -> None:
-        self._starts: list[int] = []
-        self._data: list[bytes] = []
-
-    def __len__(self) -> int:
-        return len(self._starts)
-
-    @property
-    def nbytes(self) -> int:
-        return sum(len(d) for d in self._data)
-
-    def add(self, start: int, data: bytes) -> None:
-        if not data:
-            return
-        end = start + len(data)
-        lo = bisect.bisect_left(self._starts, start)
-        if lo > 0 and self._starts[lo - 1] + len(self._data[lo - 1]) >= start:
-            lo -= 1
-        hi = lo
-        while hi < len(self._starts) and self._starts[hi] <= end:
-            hi += 1
-        if lo == hi:
-            self._starts.insert(lo, start)
-            self._data.insert(lo, data)
-            return
-        new_start = min(start, self._starts[lo])
-        new_end = max(end, self._starts[hi - 1] + len(self._data[hi - 1]))
-        buf = bytearray(new_end - new_start)
-        for s, d in zip(self._starts[lo:hi], self._data[lo:hi], strict=True):
-            buf[s - new_start : s - new_start + len(d)] = d
-        buf[start - new_start : end - new_start] = data
-        self._starts[lo:hi] = [new_start]
-        self._data[lo:hi] = [bytes(buf)]
-
-    def get(self, start: int, end: int) -> bytes | None:
-        """The bytes of [start, end) if one cached span covers them, else None."""
-        i = bisect.bisect_right(self._starts, start) - 1
-        if i < 0:
-            return None
-        s, d = self._starts[i], self._data[i]
-        if end <= s + len(d):
-            return d[start - s : end - s]
-        return None
-
-    def missing(self, start: int, end: int) -> list[tuple[int, int]]:
-        """The uncovered parts of [start, end) as [start, end) pairs."""
-        out: list[tuple[int, int]] = []
-        pos = start
-        i = max(bisect.bisect_right(self._starts, start) - 1, 0)
-        while pos < end and i < len(self._starts):
-            s, e = self._starts[i], self._starts[i] + len(self._data[i])
-            if e <= pos:
-                i += 1
-                continue
-            if s >= end:
-                break
-            if s > pos:
-                out.append((pos, s))
-            pos = max(pos, e)
-            i += 1
-        if pos < end:
-            out.append((pos, end))
-        return out
-
-
-def coalesce(spans: Sequence[tuple[int, int]], gap: int) -> list[tuple[int, int]]:
-    """Merge [start, end) spans whose gap is at most `gap` bytes (one request each)."""
-    out: list[tuple[int, int]] = []
-    for start, end in sorted(spans):
-        if out and start - out[-1][1] <= gap:
-            out[-1] = (out[-1][0], max(out[-1][1], end))
-        else:
-            out.append((start, end))
-    return out
 
 
 # --- one wanted range --------------------------------------------------------------------
@@ -402,8 +326,8 @@ class HttpSource:
             head = self._cache.get(0, min(self._head_bytes, size))
         if tail is None or head is None:
             return
-        cd = find_central_directory(tail, tail_start, size, self._limits)
-        local = parse_local_header(head)
+        cd = peek_central_directory(tail, tail_start, size, self._limits)
+        local = peek_first_local_header(head)
         if local is not None and not local[0].lower().endswith(b"/data.pkl"):
             local = None   # only torch's data.pkl is worth streaming ahead (not an npz member)
         if cd is None:
@@ -420,7 +344,7 @@ class HttpSource:
             with self._lock:
                 first = self._cache.get(cd_start, min(cd_end, cd_start + 46 + 65535 * 3))
             if first is not None and local is not None:
-                entry = parse_first_central_entry(first)
+                entry = peek_first_central_entry(first)
                 if entry is not None and entry[0] == local[0] and entry[1] == 0 and entry[2] == 0:
                     # + what follows it: the small metadata records and data/0's local
                     # header, which the offset chain reads next (saves a round trip)
@@ -581,7 +505,7 @@ class HttpSource:
                                   f"file size changed from {self._size} to {total} bytes")
 
     def _take_partial(self, resp: httpx.Response, want: _Want) -> None:
-        m = _CONTENT_RANGE.match(resp.headers.get("content-range", ""))
+        m = CONTENT_RANGE.match(resp.headers.get("content-range", ""))
         if m is None:
             raise SourceError(Code.SOURCE_HTTP,
                               f"206 with bad Content-Range {resp.headers.get('content-range')!r}")
@@ -642,7 +566,7 @@ class HttpSource:
         ends = {e for _, e in want.parts}
         ctype = resp.headers.get("content-type", "")
         if not ctype.lower().startswith("multipart/byteranges"):
-            m = _CONTENT_RANGE.match(resp.headers.get("content-range", ""))
+            m = CONTENT_RANGE.match(resp.headers.get("content-range", ""))
             if m is None:
                 raise SourceError(Code.SOURCE_HTTP, "206 to a multi-range request without parts")
             first, last, total = (int(g) for g in m.groups())
@@ -652,7 +576,7 @@ class HttpSource:
                                   f"answers none of the requested ranges", offset=first)
             self._store(want, first, self._read_body(resp, last - first + 1, exact=True))
             return
-        boundary = _boundary(ctype)
+        boundary = multipart_boundary(ctype)
         cap = sum(e - s for s, e in want.parts) + MULTI_PART_OVERHEAD * (len(want.parts) + 1)
         body = self._read_body(resp, cap + 1, exact=False)
         if len(body) > cap:
@@ -714,54 +638,6 @@ class HttpSource:
             want.result = body[start : start + want.end - want.start]
 
 
-def _boundary(ctype: str) -> bytes:
-    m = re.search(r'boundary\s*=\s*"?([^";]+)"?', ctype, re.IGNORECASE)
-    if m is None or len(m.group(1)) > 200:
-        raise SourceError(Code.SOURCE_HTTP, f"multipart/byteranges without a boundary: {ctype!r}")
-    return m.group(1).encode("latin-1", "replace")
-
-
-def parse_byteranges(body: bytes, boundary: bytes, size: int, starts: set[int],
-                     ends: set[int]) -> tuple[list[tuple[int, bytes]], bool]:
-    """Parts of a multipart/byteranges body (RFC 9110 §14.6), each checked against the request.
-
-    A part must start where a requested range starts and end where one ends (servers may
-    merge adjacent ranges), and its total must be the file size. Returns the parts and
-    whether the body was complete (a cut body keeps the parts that arrived whole).
-    """
-    delim = b"--" + boundary
-    pos = body.find(delim)
-    out: list[tuple[int, bytes]] = []
-    while pos >= 0:
-        pos += len(delim)
-        if body[pos : pos + 2] == b"--":
-            return out, True
-        head_end = body.find(b"\r\n\r\n", pos)
-        if head_end < 0:
-            return out, False
-        first = last = total = None
-        for line in body[pos:head_end].split(b"\r\n"):
-            name, _, value = line.partition(b":")
-            if name.strip().lower() == b"content-range":
-                m = _CONTENT_RANGE.match(value.decode("latin-1"))
-                if m is not None:
-                    first, last, total = (int(g) for g in m.groups())
-        if first is None or last is None or total is None:
-            raise SourceError(Code.SOURCE_HTTP, "multipart part without a valid Content-Range")
-        if total != size:
-            raise SourceError(Code.SOURCE_CHANGED, f"file size changed from {size} to {total} bytes")
-        if first not in starts or last + 1 not in ends or last < first:
-            raise SourceError(Code.SOURCE_HTTP, f"multipart part {first}-{last}/{total} answers none "
-                              "of the requested ranges", offset=first)
-        data_at = head_end + 4
-        data = body[data_at : data_at + last - first + 1]
-        if len(data) != last - first + 1:
-            return out, False
-        out.append((first, data))
-        pos = body.find(delim, data_at + len(data))
-    return out, False
-
-
 def _iter_raw(resp: httpx.Response) -> Iterator[bytes]:
     yield from resp.iter_raw(CHUNK)
 
@@ -769,76 +645,3 @@ def _iter_raw(resp: httpx.Response) -> Iterator[bytes]:
 def _short(url: str) -> str:
     parts = urlsplit(url)
     return f"{parts.scheme}://{parts.netloc}{parts.path}"
-
-
-# --- zip hints for speculation (validated for real by the scanner) ------------------------
-
-_EOCD = struct.Struct("<4sHHHHIIH")
-_ZIP64_LOCATOR = struct.Struct("<4sIQI")
-_ZIP64_EOCD = struct.Struct("<4sQHHIIQQQQ")
-_CENTRAL = struct.Struct("<4sHHHHHHIIIHHHHHII")
-_LOCAL = struct.Struct("<4sHHHHHIIIHH")
-
-
-def find_central_directory(tail: bytes, tail_offset: int, size: int,
-                           limits: Limits) -> tuple[int, int, int] | None:
-    """(start, end, entries) of the central directory if the tail shows one, else None."""
-    pos = tail.rfind(b"PK\x05\x06")
-    if pos < 0 or pos + _EOCD.size > len(tail):
-        return None
-    _sig, _disk, _cd_disk, _n_disk, entries, cd_size, cd_offset, _clen = _EOCD.unpack_from(tail, pos)
-    if 0xFFFF in (entries,) or 0xFFFFFFFF in (cd_size, cd_offset):
-        loc = pos - _ZIP64_LOCATOR.size
-        if loc < 0 or tail[loc : loc + 4] != b"PK\x06\x07":
-            return None
-        z64_at = _ZIP64_LOCATOR.unpack_from(tail, loc)[2] - tail_offset
-        if z64_at < 0 or z64_at + _ZIP64_EOCD.size > len(tail) or tail[z64_at : z64_at + 4] != b"PK\x06\x06":
-            return None
-        fields = _ZIP64_EOCD.unpack_from(tail, z64_at)
-        entries, cd_size, cd_offset = fields[7], fields[8], fields[9]
-    if cd_offset + cd_size > size or cd_size > limits.max_central_dir_bytes:
-        return None
-    return cd_offset, cd_offset + cd_size, entries
-
-
-def parse_local_header(head: bytes) -> tuple[bytes, int] | None:
-    """(name, data start) of the record at offset 0 if it is a stored local header."""
-    if len(head) < _LOCAL.size or not head.startswith(b"PK\x03\x04"):
-        return None
-    fields = _LOCAL.unpack_from(head, 0)
-    method, n, m = fields[3], fields[9], fields[10]
-    name = head[_LOCAL.size : _LOCAL.size + n]
-    if method != 0 or len(name) != n:
-        return None
-    return name, _LOCAL.size + n + m
-
-
-def parse_first_central_entry(cd: bytes) -> tuple[bytes, int, int, int] | None:
-    """(name, header offset, method, compressed size) of the first central entry."""
-    if len(cd) < _CENTRAL.size or not cd.startswith(b"PK\x01\x02"):
-        return None
-    f = _CENTRAL.unpack_from(cd, 0)
-    method, csize, n, m, offset = f[4], f[8], f[10], f[11], f[16]
-    name = cd[_CENTRAL.size : _CENTRAL.size + n]
-    extra = cd[_CENTRAL.size + n : _CENTRAL.size + n + m]
-    if len(name) != n or len(extra) != m:
-        return None
-    if 0xFFFFFFFF in (csize, offset):  # zip64 extra: usize, csize, offset as needed
-        vals: list[int] = []
-        pos = 0
-        while pos + 4 <= len(extra):
-            tag, ln = struct.unpack_from("<HH", extra, pos)
-            if tag == 1:
-                vals = [v for (v,) in struct.iter_unpack("<Q", extra[pos + 4 : pos + 4 + ln - ln % 8])]
-            pos += 4 + ln
-        usize = f[9]
-        it = iter(vals)
-        if usize == 0xFFFFFFFF:
-            next(it, None)
-        if csize == 0xFFFFFFFF:
-            csize = next(it, -1)
-        if offset == 0xFFFFFFFF:
-            offset = next(it, -1)
-        if csize < 0 or offset < 0:
-            return None
-    return name, offset, method, csize

@@ -18,7 +18,7 @@ the same report (tensors, storages, globals, weights_only) directly:
 6. one walk of the value graph names the tensors as core.manifest.build does.
 
 Anything outside that raises `Decline` before the Analysis is touched, and the caller
-runs the general path. tests/core/fastlane checks both paths give the same report on
+runs the general path. tests/core/lane checks both paths give the same report on
 every fixture and on mutated archives.
 """
 
@@ -27,13 +27,13 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from functools import cached_property, partial
-from itertools import chain, repeat
+from itertools import repeat
 from operator import is_
 from typing import Any
 
 import numpy as np
 
-from ckptguard.core.errors import Code
+from ckptguard.core.errors import Code, Decline
 from ckptguard.core.formats.torch_zip import (
     KNOWN_RECORDS,
     META_RECORDS,
@@ -45,7 +45,7 @@ from ckptguard.core.formats.torch_zip import (
 from ckptguard.core.io.source import ByteSource
 from ckptguard.core.judge import allowed_checker, global_uses, set_weights_only
 from ckptguard.core.limits import Limits
-from ckptguard.core.manifest.build import segment as tensor_segment
+from ckptguard.core.manifest.keynames import segment as tensor_segment
 from ckptguard.core.pickle.fast.column_stubs import (
     Loaded,
     RebuildCall,
@@ -55,20 +55,25 @@ from ckptguard.core.pickle.fast.column_stubs import (
     StubGlobal,
     load,
 )
-from ckptguard.core.pickle.fast.tokenize import CheckedDict, CheckedList, Decline, Tokens
+from ckptguard.core.pickle.fast.tokenize import CheckedDict, CheckedList, Tokens
 from ckptguard.core.pickle.vm import VmResult
 from ckptguard.core.report import StorageEntry, TensorEntry
 from ckptguard.core.state import Analysis
 from ckptguard.core.threats.assess import assess
-from ckptguard.core.torch.dtypes import FLOATING, ITEMSIZE, PACKED_PER_BYTE, UNTYPED_STORAGES, storage_dtype
-from ckptguard.core.torch.weights_only import restorable
+from ckptguard.core.torch.dtypes import ITEMSIZE, PACKED_PER_BYTE
+from ckptguard.core.torch.rules import (
+    all_of_type,
+    lane_storage_dtype,
+    may_require_grad,
+    restorable,
+    view_extents,
+)
 from ckptguard.core.zip.columns import PlainArchive, read_plain_archive
-from ckptguard.core.zip.offsets import DESCRIPTOR_SIZE32, FB_HEADER_SIZE, LOCAL_HEADER_SIZE
+from ckptguard.core.zip.layout import LOCAL_SIZE
+from ckptguard.core.zip.offsets import DESCRIPTOR_SIZE32, FB_HEADER_SIZE
 
 log = logging.getLogger("ckptguard.fastlane")
 
-_MAX_DIM = 64
-_MAX_EXTENT = 1 << 28        # sizes/strides below this keep every sum inside int64
 _MAX_NUMEL = 1 << 32         # records here are < 4 GiB (no zip64): larger numels cannot match
 _SCALARS = frozenset((str, int, float, bool, type(None), bytes, complex, StubGlobal))
 
@@ -136,7 +141,8 @@ def _judge(source: ByteSource, an: Analysis) -> _Result:
     base = int(arc.data_offset[pkl_row])
     data = source.read_at(base, pkl_size)
 
-    loaded = load(data, allowed_checker(an.options.allow))
+    loaded = load(data, allowed_checker(an.options.allow),
+                  max_build_state_keys=an.options.limits.max_build_state_keys)
     if loaded.tokens.end != len(data):
         raise Decline("bytes after STOP")
     storages = _Storages(loaded.pids, loaded.refs, arc)
@@ -173,23 +179,19 @@ def _check_container(meta: dict[str, bytes]) -> int:
     return storage_alignment(meta)
 
 
-def _same_type(values: Any, kind: type) -> bool:
-    return set(map(type, values)) <= {kind}
-
-
 class _Storages:
     """Every persistent id, proven to be what torch's `persistent_load` accepts.
 
     Columns are per distinct key, in first-encounter order (FORMATS.md §2.2)."""
 
     def __init__(self, pids: list[Any], refs: list[tuple[Any]], arc: PlainArchive) -> None:
-        if not _same_type(pids, tuple) or set(map(len, pids)) - {5}:
+        if not all_of_type(pids, tuple) or set(map(len, pids)) - {5}:
             raise Decline("persistent id shape")   # also: a storage fed to BINPERSID again
         self.refs = refs   # what persistent_load returned: the only valid storage arguments
         tags, stypes, keys, locations, numels = zip(*pids, strict=True) if pids else ((),) * 5
-        if set(tags) - {"storage"} or not _same_type(stypes, StubGlobal) \
-                or not _same_type(keys, str) or not _same_type(locations, str) \
-                or not _same_type(numels, int) or (numels and min(numels) < 0):
+        if set(tags) - {"storage"} or not all_of_type(stypes, StubGlobal) \
+                or not all_of_type(keys, str) or not all_of_type(locations, str) \
+                or not all_of_type(numels, int) or (numels and min(numels) < 0):
             raise Decline("persistent id fields")
         if numels and max(numels) >= _MAX_NUMEL:   # keeps numel x itemsize exact in int64
             raise Decline("a storage larger than any record of this lane")
@@ -206,7 +208,7 @@ class _Storages:
             locations = tuple(p[3] for p in firsts)
             numels = tuple(p[4] for p in firsts)
         types = set(stypes)
-        dtype_of_type = {st: _storage_dtype(st) for st in types}
+        dtype_of_type = {st: lane_storage_dtype(st) for st in types}
         if len(types) == 1:
             self.dtype: list[str] = [dtype_of_type[next(iter(types))]] * len(order)
         else:
@@ -256,7 +258,7 @@ class _Storages:
             raise Decline("records are not in pickle order")
         name_len = np.fromiter(map(len, self.order[1:]), dtype=np.int64,
                                count=len(self.order) - 1) + len(prefix) + 6
-        start = header[1:] + LOCAL_HEADER_SIZE + name_len + FB_HEADER_SIZE
+        start = header[1:] + LOCAL_SIZE + name_len + FB_HEADER_SIZE
         if alignment > 1:
             start = -(-start // alignment) * alignment
         if not np.array_equal(start, data[1:]):
@@ -308,15 +310,6 @@ def _itemsizes(dtypes: list[str]) -> Any:
     return np.array(list(map(ITEMSIZE.__getitem__, dtypes)), dtype=np.int64)
 
 
-def _storage_dtype(st: StubGlobal) -> str:
-    if tuple(st) in UNTYPED_STORAGES:
-        return "uint8"
-    dtype = storage_dtype(st[0], st[1])
-    if dtype is None or dtype in PACKED_PER_BYTE:
-        raise Decline(f"storage type {st.full}")
-    return dtype
-
-
 class _Views:
     """Every `_rebuild_tensor_v2/_v3` and `_rebuild_parameter` call, checked per column.
 
@@ -348,8 +341,8 @@ class _Views:
             dtypes = (storages.dtype[:1] * len(v2) if len(set(storages.dtype)) == 1
                       else list(map(storages.dtype.__getitem__, index[:len(v2)].tolist())))
         self.dtypes = dtypes + more[6] if v3 else dtypes
-        if not _same_type(offsets, int) or not _same_type(sizes, tuple) \
-                or not _same_type(strides, tuple) or not _same_type(grads, bool) \
+        if not all_of_type(offsets, int) or not all_of_type(sizes, tuple) \
+                or not all_of_type(strides, tuple) or not all_of_type(grads, bool) \
                 or not _empty_hooks(hooks, loaded):
             raise Decline("tensor argument types")
         if list(map(len, sizes)) != list(map(len, strides)):
@@ -359,7 +352,7 @@ class _Views:
         itemsize = storages.itemsize[index]
         if v3:
             itemsize = _itemsizes(self.dtypes)
-        extent, empty = _extents(sizes, strides)
+        extent, empty = view_extents(sizes, strides)
         if offsets and max(offsets) >= _MAX_NUMEL:   # keeps offset + extent exact in int64
             raise Decline("a storage offset past any record of this lane")
         off = np.array(offsets, dtype=np.int64) if offsets else np.zeros(0, np.int64)
@@ -367,7 +360,7 @@ class _Views:
         limit = storages.nbytes[index] // itemsize
         if (off < 0).any() or ((off + extent > limit) & ~empty).any():
             raise Decline("a view past the end of its storage")
-        if any(grads) and any(g and d not in FLOATING
+        if any(grads) and any(g and not may_require_grad(d)
                               for g, d in zip(grads, self.dtypes, strict=True)):
             raise Decline("requires_grad on a non-floating tensor")
         self.nbytes = np.where(empty, 0, extent * itemsize)
@@ -389,7 +382,7 @@ class _Views:
         if 8 in arity:
             args = [a[:7] for a in args]
         pids, offsets, sizes, strides, grads, hooks, dtypes = zip(*args, strict=True)
-        if not _same_type(dtypes, StubGlobal):
+        if not all_of_type(dtypes, StubGlobal):
             raise Decline("_rebuild_tensor_v3 dtype")
         if any(g is not False for g in grads):
             # never loads with requires_grad: torch.empty(requires_grad=True), then set_() on
@@ -406,10 +399,10 @@ class _Views:
         if set(map(len, args)) - {3}:
             raise Decline("_rebuild_parameter arity")
         inner, grads, hooks = zip(*args, strict=True) if args else ((),) * 3
-        if not _same_type(grads, bool) or not _empty_hooks(hooks, loaded) \
+        if not all_of_type(grads, bool) or not _empty_hooks(hooks, loaded) \
                 or not all(isinstance(t, RebuildV2) for t in inner):
             raise Decline("_rebuild_parameter arguments")
-        if any(grads) and any(g and self.dtypes[self.position[id(t)]] not in FLOATING
+        if any(grads) and any(g and not may_require_grad(self.dtypes[self.position[id(t)]])
                               for t, g in zip(inner, grads, strict=True)):
             raise Decline("requires_grad on a non-floating parameter")
 
@@ -422,30 +415,8 @@ def _no_metadata(values: Any) -> bool:
 def _empty_hooks(hooks: Any, loaded: Loaded) -> bool:
     """Every backward_hooks argument is an `OrderedDict()` nothing was added to."""
     attributes = loaded.attributes
-    return _same_type(hooks, loaded.dict_type) and not any(hooks) and not (
+    return all_of_type(hooks, loaded.dict_type) and not any(hooks) and not (
         attributes and any(id(h) in attributes for h in hooks))
-
-
-def _extents(sizes: Any, strides: Any) -> tuple[Any, Any]:
-    """(1 + sum((n - 1) * stride), numel == 0) per tensor, in int64 without overflow."""
-    count = len(sizes)
-    flat_n = list(chain.from_iterable(sizes))
-    flat_s = list(chain.from_iterable(strides))
-    if not (_same_type(flat_n, int) and _same_type(flat_s, int)):
-        raise Decline("non-integer size or stride")
-    n = np.array(flat_n, dtype=np.int64) if flat_n else np.zeros(0, np.int64)
-    s = np.array(flat_s, dtype=np.int64) if flat_s else np.zeros(0, np.int64)
-    if len(n) and ((n < 0).any() or (s < 0).any() or n.max() >= _MAX_EXTENT
-                   or s.max() >= _MAX_EXTENT):
-        raise Decline("negative or huge size/stride")
-    dims = np.fromiter(map(len, sizes), dtype=np.int64, count=count)
-    if count and dims.max() > _MAX_DIM:
-        raise Decline("too many dimensions")
-    ends = np.cumsum(dims)
-    starts = ends - dims
-    terms = np.concatenate(([0], np.cumsum((n - 1) * s)))
-    zeros = np.concatenate(([0], np.cumsum(n == 0)))
-    return 1 + terms[ends] - terms[starts], (zeros[ends] - zeros[starts]) > 0
 
 
 _NAMED_KEYS = frozenset((str, int, bytes, float, bool, type(None)))
@@ -528,7 +499,7 @@ def _flat_state_dict(loaded: Loaded) -> tuple[list[str], list[Any], dict[Any, An
     if type(root) is not CheckedDict and type(root) is not loaded.dict_type:
         return None
     keys, values = list(root), list(root.values())
-    if not _same_type(keys, str) or not set(map(type, values)) <= loaded.kinds.keys():
+    if not all_of_type(keys, str) or not set(map(type, values)) <= loaded.kinds.keys():
         return None
     built = loaded.attributes.get(id(root))
     return keys, values, None if built is None else built[1]

@@ -2,7 +2,7 @@
 
 Strategy: one `OpInfo` per opcode byte, written out here (not imported from
 pickletools, which is a documentation module) and checked against
-`pickletools.opcodes` by tests/core/vm/test_vm_opcodes.py. The VM (core/pickle/vm.py) reads
+`pickletools.opcodes` by tests/core/pickles/test_vm_opcodes.py. The VM (core/pickle/vm.py) reads
 binary arguments itself, inline, for speed; the text forms of protocol 0 (INT, LONG,
 FLOAT, STRING, UNICODE, GET/PUT) are decoded here exactly as CPython's
 `pickle._Unpickler` does, raising only `FormatError`.
@@ -121,17 +121,6 @@ BY_NAME: dict[str, OpInfo] = {name: OpInfo(code[0], name, arg, proto) for code, 
 OPCODES: tuple[OpInfo | None, ...] = tuple(
     next((info for info in BY_NAME.values() if info.code == b), None) for b in range(256)
 )
-
-# torch 2.13 torch/_weights_only_unpickler.py `Unpickler.load` (FORMATS.md §3.4): every
-# other opcode fails with "Unsupported operand {byte}".
-TORCH_ACCEPTED: frozenset[str] = frozenset({
-    "PROTO", "STOP", "GLOBAL", "NEWOBJ", "REDUCE", "BUILD", "APPEND", "APPENDS", "SETITEM",
-    "SETITEMS", "MARK", "TUPLE", "TUPLE1", "TUPLE2", "TUPLE3", "NONE", "NEWFALSE", "NEWTRUE",
-    "EMPTY_TUPLE", "EMPTY_LIST", "EMPTY_DICT", "EMPTY_SET", "BININT", "BININT1", "BININT2",
-    "BINFLOAT", "BINUNICODE", "SHORT_BINSTRING", "BINPERSID", "BINGET", "LONG_BINGET",
-    "BINPUT", "LONG_BINPUT", "LONG1",
-})
-
 
 def _bad(message: str, offset: int) -> FormatError:
     return FormatError(Code.PICKLE_MALFORMED, message, offset=offset)

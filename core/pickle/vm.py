@@ -64,12 +64,8 @@ DOTTED_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*")
 # Dict keys / set members beyond these are not hashed (see hashable_key).
 _MAX_KEY_DEPTH = 200
 _MAX_KEY_NODES = 10_000
-# ... and for all keys of one pickle together: the same memoized 10k-node tuple used as a
-# key 200k times would cost 2 G steps, in our walk and again in CPython's hash
-_MAX_KEY_NODES_TOTAL = 2_000_000
+# (all keys of one pickle together: Limits.max_key_nodes)
 _MAX_KEY_INT_BITS = 65_536
-# Notes past this many are counted, not kept (a pickle of EXT1 opcodes would make millions).
-MAX_NOTES = 10_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -286,9 +282,9 @@ class _Machine:
     # -- rare paths, shared by handlers ---------------------------------------------------
     def note(self, code: Code, message: str, pos: int) -> None:
         notes = self.result.notes
-        if len(notes) < MAX_NOTES:
+        if len(notes) < self.limits.max_vm_notes:
             notes.append((code, message, self.base + pos))
-        elif len(notes) == MAX_NOTES:
+        elif len(notes) == self.limits.max_vm_notes:
             notes.append((code, f"more notes after this one were not recorded: {message}", self.base + pos))
 
     def add_global(self, raw_module: str, raw_name: str, opcode: str, pos: int) -> Global:
@@ -336,7 +332,7 @@ class _Machine:
         max_items = lim.max_container_items
         max_depth = lim.max_depth
         max_memo = lim.max_memo_entries
-        key = partial(hashable_key, budget=[_MAX_KEY_NODES_TOTAL])
+        key = partial(hashable_key, budget=[lim.max_key_nodes])
 
         def check_len(pos: int, hdr: int, size: int, what: str) -> None:
             # Hard rule 2: bound a declared length against the cap and the data before slicing.

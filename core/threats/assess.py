@@ -40,20 +40,15 @@ from ckptguard.core.threats.table import (
     DANGEROUS_MODULES,
     DANGEROUS_NAMES,
 )
+from ckptguard.core.torch.rules import BLOCKED_MODULES
 from ckptguard.core.torch.weights_only import ALLOWED_GLOBALS, BASELINE_USER_GLOBALS
 from ckptguard.core.values import Call, ExtRef, Global, PersId
 
 ThreatStatus = Literal["dangerous", "benign", "unknown"]
 
 _RANK = {"benign": 0, "unknown": 1, "dangerous": 2}
-_BLOCKED_MODULES = frozenset({"sys", "os", "posix", "nt"})   # torch blocks before the allowlist
-_MAX_CALL_FINDINGS = 64      # per assess: a hostile pickle may hold millions of calls
 # what a BUILD state may plant on an object (`__dict__` itself is what BUILD updates)
 _PLANTED_DUNDERS = tuple(sorted(DANGEROUS_DUNDERS - {"__dict__"}))
-_MAX_NOTES_PER_CODE = 32
-_MAX_GLOBAL_FINDINGS = 256   # per code and assess; every global still gets its `globals` entry
-_MAX_NESTED_DEPTH = 2
-_MAX_NESTED_PICKLES = 64     # distinct inline pickles interpreted per scan
 _PICKLE_STARTS = frozenset(bytes([b]) for b in b"\x80(]}cN)IJKVX")   # PROTO or a protocol 0/1 start
 
 
@@ -178,6 +173,7 @@ def assess(vm: VmResult, an: Analysis, *, allow: frozenset[str], record: str | N
 class _Assessor:
     def __init__(self, an: Analysis, allow: frozenset[str], record: str | None, depth: int) -> None:
         self.an = an
+        self.limits = an.options.limits
         self.allow = allow
         self.allowed = ALLOWED_GLOBALS | BASELINE_USER_GLOBALS | allow
         self.record = record
@@ -200,12 +196,12 @@ class _Assessor:
         counts: dict[Code, int] = {}
         for code, message, offset in vm.notes:
             n = counts[code] = counts.get(code, 0) + 1
-            if n <= _MAX_NOTES_PER_CODE:
+            if n <= self.limits.max_notes_per_code:
                 self.an.add(code, message, record=self.record, offset=offset)
         for code, n in counts.items():
-            if n > _MAX_NOTES_PER_CODE:
-                self.an.add(code, f"... and {n - _MAX_NOTES_PER_CODE} more like the above",
-                            record=self.record)
+            if n > self.limits.max_notes_per_code:
+                self.an.add(code, f"... and {n - self.limits.max_notes_per_code} more like the "
+                            "above", record=self.record)
 
     # -- globals -----------------------------------------------------------------------------
     def judge_use(self, use: GlobalUse) -> tuple[GlobalStatus, Threat | None, str, str]:
@@ -223,7 +219,7 @@ class _Assessor:
                     break
         if worst.status == "dangerous":
             return "dangerous", worst, tm, tn
-        if f"{tm}.{tn}" in self.allowed and tm not in _BLOCKED_MODULES:
+        if f"{tm}.{tn}" in self.allowed and tm not in BLOCKED_MODULES:
             return "allowed", None, tm, tn
         return worst.status, worst, tm, tn
 
@@ -248,10 +244,10 @@ class _Assessor:
         what = {"dangerous": "dangerous global", "benign": "commonly benign global outside the "
                 "weights-only allowlist", "unknown": "global outside the weights-only allowlist"}
         n = self.global_findings[threat.code] = self.global_findings.get(threat.code, 0) + 1
-        if n > _MAX_GLOBAL_FINDINGS:
-            if n == _MAX_GLOBAL_FINDINGS + 1:
+        if n > self.limits.max_global_findings:
+            if n == self.limits.max_global_findings + 1:
                 self.an.add(threat.code, f"more globals like the above (only the first "
-                            f"{_MAX_GLOBAL_FINDINGS} are listed; all are in `globals`)",
+                            f"{self.limits.max_global_findings} are listed; all are in `globals`)",
                             record=self.record, offset=use.offset, severity=threat.severity)
             return
         self.an.add(threat.code, f"{what[threat.status]} {shown}{spelled}: {threat.reason}"[:500],
@@ -341,16 +337,16 @@ class _Assessor:
             return
         self.seen_calls.add(key)
         self.call_findings += 1
-        if self.call_findings < _MAX_CALL_FINDINGS:
+        if self.call_findings < self.limits.max_call_findings:
             self.an.add(Code.PICKLE_DANGEROUS_CALL, message[:500], record=self.record,
                         offset=call.offset, severity=severity)
-        elif self.call_findings == _MAX_CALL_FINDINGS:
+        elif self.call_findings == self.limits.max_call_findings:
             self.an.add(Code.PICKLE_DANGEROUS_CALL, "more dangerous calls follow (not listed)",
                         record=self.record, offset=call.offset, severity=severity)
 
     def nested(self, call: Call) -> None:
         """Interpret an inline nested pickle (`pickle.loads(b'...')`) and judge it as well."""
-        if self.depth >= _MAX_NESTED_DEPTH:
+        if self.depth >= self.limits.max_nested_pickle_depth:
             return
         data = payload(call.args[0] if type(call.args) is tuple and call.args else None, 0)
         if data is None or data[:1] not in _PICKLE_STARTS:
@@ -366,9 +362,10 @@ class _Assessor:
         if digest in seen:
             return
         seen.add(digest)
-        if len(seen) > _MAX_NESTED_PICKLES:
-            if len(seen) == _MAX_NESTED_PICKLES + 1:
-                self.an.add(Code.PICKLE_NESTED_DESERIALIZER, f"more than {_MAX_NESTED_PICKLES} "
+        max_nested = self.limits.max_nested_pickles
+        if len(seen) > max_nested:
+            if len(seen) == max_nested + 1:
+                self.an.add(Code.PICKLE_NESTED_DESERIALIZER, f"more than {max_nested} "
                             "inline pickles: the rest are not interpreted", record=self.record,
                             offset=call.offset)
             return

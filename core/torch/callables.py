@@ -23,17 +23,27 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from ckptguard.core.torch.dtypes import (
     DEVICE_TYPES,
-    FLOATING,
     ITEMSIZE,
     LAYOUTS,
-    PACKED_PER_BYTE,
     STORAGE_DTYPE,
     TORCH_DTYPE_GLOBALS,
+)
+from ckptguard.core.torch.rules import (
+    INT64_SAFE,
+    Fail,
+    StorageInfo,
+    StorageOf,
+    check_view,
+    int_seq,
+    is_int,
+    may_require_grad,
+    set_args,
+    set_requires_grad,
+    unmodelled,
 )
 from ckptguard.core.values import Call, Global, PersId
 
@@ -63,11 +73,9 @@ CLASSES: dict[str, str] = {
 _CLASS_STR = {"builtins.bytearray": "bytearray", "builtins.set": "set", "builtins.complex": "complex"}
 # the setter `tensor.requires_grad = True` (_rebuild_tensor_v2) and requires_grad_() /
 # `torch.empty(requires_grad=True)` (Parameter, _rebuild_tensor_v3) word it differently
-_NO_GRAD_SETTER = "only Tensors of floating point and complex dtype can require gradients"
 _NO_GRAD = "Only Tensors of floating point and complex dtype can require gradients"
 _LEAF_IN_PLACE = "a leaf Variable that requires grad is being used in an in-place operation."
 _DEVICE_TYPES = ", ".join(DEVICE_TYPES)
-INT64_SAFE = 1 << 62   # ints below this are exact through every product we form (shared with fastpath)
 # data descriptors of torch.Tensor / nn.Parameter: setattr on them is not a plain store
 # (tests/differential checks this list against torch)
 TENSOR_DESCRIPTORS = frozenset("""
@@ -85,30 +93,6 @@ _QPARAM_DTYPES = _REAL_FLOATING | frozenset(("int64", "int32", "int16", "int8", 
                                              "complex64", "complex128"))
 
 
-class Fail(Exception):
-    """torch would raise `type(message)` here (or: we did not model what it would do)."""
-
-    def __init__(self, type_: str, message: str) -> None:
-        super().__init__(type_, message)
-        self.type = type_
-        self.message = message
-
-
-def unmodelled(what: str) -> Fail:
-    return Fail("Unmodelled", f"not modelled: {what}")
-
-
-@dataclass(frozen=True, slots=True)
-class StorageInfo:
-    """What torch's persistent_load returned: a TypedStorage of `dtype` over `nbytes` bytes."""
-
-    key: str
-    dtype: str
-    nbytes: int
-    resizable: bool = False   # legacy loads allocate fresh (resizable) storages
-
-
-StorageOf = Callable[[Any], StorageInfo | None]
 
 
 def global_kind(full: str) -> str:
@@ -190,20 +174,6 @@ def str_value(v: Any, storage_of: StorageOf, depth: int = 0) -> str | None:
     return None  # functions print their address; tensors print their data
 
 
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _int_seq(v: Any) -> tuple[int, ...] | None:
-    """A size/stride argument that set_() accepts (tuple/list/torch.Size of ints), else None."""
-    if isinstance(v, Call) and v.attrs.get("type") == "torch.Size":
-        seq = v.attrs.get("value")
-        return seq if isinstance(seq, tuple) else None
-    if isinstance(v, (tuple, list)) and all(_is_int(x) and abs(x) < INT64_SAFE for x in v):
-        return tuple(v)
-    return None
-
-
 def _dtype_of(v: Any) -> str | None:
     if isinstance(v, Global) and v.module == "torch" and v.name in TORCH_DTYPE_GLOBALS:
         return v.name
@@ -237,83 +207,6 @@ def _arity(name: str, args: tuple[Any, ...], names: tuple[str, ...], optional: i
                    f"but {n} {verb} given")
 
 
-def _set_args(offset: Any, size: Any, stride: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """`Tensor.set_`'s argument parsing: (size, stride); Unmodelled unless plain ints."""
-    # torch's argument parser unpacks stride before size (measured), then the offset
-    for what, values in (("stride", stride), ("size", size)):
-        if isinstance(values, (tuple, list)) and all(map(_is_int, values)):
-            for pos, v in enumerate(values, 1):
-                if not -(1 << 63) <= v < 1 << 63:
-                    raise Fail("TypeError", f"set_(): argument '{what}' failed to unpack the object "
-                               f'at pos {pos} with error "Overflow when unpacking long long')
-    if _is_int(offset) and not -(1 << 63) <= offset < 1 << 63:
-        raise Fail("ValueError", "Overflow when unpacking long long")
-    shape, strides = _int_seq(size), _int_seq(stride)
-    if not _is_int(offset) or shape is None or strides is None or abs(offset) >= INT64_SAFE:
-        raise unmodelled("set_() with a non-int offset or size/stride that is not a sequence of ints")
-    return shape, strides
-
-
-def _check_view(st: StorageInfo, itemsize: int, offset: Any, size: Any, stride: Any, *,
-                quantized: bool = False) -> tuple[int, ...]:
-    """`Tensor.set_(storage, offset, size, stride)` on a non-resizable storage (FORMATS.md §2.6)."""
-    shape, strides = _set_args(offset, size, stride)
-    if not strides and shape:
-        # an empty stride means "not given": set_ uses contiguous strides (measured)
-        acc, rev = 1, []
-        for dim in reversed(shape):
-            rev.append(acc)
-            acc *= max(dim, 1)
-        strides = tuple(reversed(rev))
-    if len(shape) != len(strides):
-        raise Fail("RuntimeError", f"unequal size length ({len(shape)}) and stride length ({len(strides)})")
-    if offset < 0:
-        raise Fail("RuntimeError", f"Tensor: invalid storage offset {offset}")
-    if any(s < 0 for s in shape):
-        raise unmodelled("negative size")
-    numel = 1
-    for s in shape:
-        numel *= s
-        if numel >= INT64_SAFE:  # stop before the product becomes a huge int
-            break
-    if numel >= INT64_SAFE:
-        raise unmodelled("element count near int64 overflow")
-    if numel == 0:
-        return shape
-    if any(s < 0 for s in strides):
-        raise Fail("RuntimeError", f"Storage size calculation overflowed with sizes={list(shape)} and "
-                   f"strides={list(strides)}")
-    extent = offset + 1 + sum((s - 1) * d for s, d in zip(shape, strides, strict=True))
-    if extent * itemsize >= INT64_SAFE:
-        raise unmodelled("storage extent near int64 overflow")
-    # sub-byte quantized dtypes pack several elements per byte: the bytes needed round up
-    # (measured with torch 2.13: quint4x2 needs ceil(elements / 2), quint2x4 ceil(elements / 4))
-    per_byte = PACKED_PER_BYTE.get(st.dtype, 1) if quantized else 1
-    needed = -(-extent // per_byte) if per_byte > 1 else extent * itemsize
-    if needed > st.nbytes:
-        if st.resizable:
-            raise unmodelled("view past the end of a resizable (legacy) storage")
-        if quantized:  # QTensorImpl's set_storage checks bounds itself
-            raise Fail("RuntimeError", f"setStorage: sizes {_arr(shape)}, strides {_arr(strides)}, storage "
-                       f"offset {offset}, and itemsize {itemsize} requiring a storage size of "
-                       f"{needed} are out of bounds for storage of size {st.nbytes}")
-        raise Fail("RuntimeError", "Trying to resize storage that is not resizable")
-    return shape
-
-
-def _arr(values: tuple[int, ...]) -> str:
-    return "[" + ", ".join(map(str, values)) + "]"
-
-
-def _requires_grad(rg: Any, dtype: str) -> bool:
-    """`tensor.requires_grad = rg` (in _rebuild_tensor_v2)."""
-    if not isinstance(rg, bool):
-        raise Fail("RuntimeError", "requires_grad must be a bool")
-    if rg and dtype not in FLOATING:
-        raise Fail("RuntimeError", _NO_GRAD_SETTER)
-    return rg
-
-
 def _check_metadata(metadata: Any, dtype: str) -> None:
     if metadata is None or metadata == {}:
         return
@@ -342,7 +235,7 @@ def _storage_arg(v: Any, storage_of: StorageOf, attr: str) -> StorageInfo:
 def _rebuild_tensor(func: Global, args: tuple[Any, ...], so: StorageOf, opcode: str, off: int) -> Call:
     _arity("_rebuild_tensor", args, ("storage", "storage_offset", "size", "stride"))
     st = _storage_arg(args[0], so, "dtype")
-    shape = _check_view(st, ITEMSIZE[st.dtype], args[1], args[2], args[3])
+    shape = check_view(st, ITEMSIZE[st.dtype], args[1], args[2], args[3])
     return _tensor("torch.Tensor", st.dtype, shape, func, args, opcode, off)
 
 
@@ -351,8 +244,8 @@ def _rebuild_tensor_v2(func: Global, args: tuple[Any, ...], so: StorageOf, opcod
     _arity("_rebuild_tensor_v2", args, ("storage", "storage_offset", "size", "stride",
                                         "requires_grad", "backward_hooks", "metadata"), 1)
     st = _storage_arg(args[0], so, "dtype")
-    shape = _check_view(st, ITEMSIZE[st.dtype], args[1], args[2], args[3])
-    rg = _requires_grad(args[4], st.dtype)
+    shape = check_view(st, ITEMSIZE[st.dtype], args[1], args[2], args[3])
+    rg = set_requires_grad(args[4], st.dtype)
     _check_metadata(args[6] if len(args) > 6 else None, st.dtype)
     return _tensor("torch.Tensor", st.dtype, shape, func, args, opcode, off, rg)
 
@@ -371,11 +264,11 @@ def _rebuild_tensor_v3(func: Global, args: tuple[Any, ...], so: StorageOf, opcod
         # torch.empty(dtype=..., requires_grad=True) refuses the dtype, or else the set_()
         # that follows parses its arguments and refuses to change a leaf requiring grad
         # (measured: before any offset/size/bounds check), so v3 never keeps requires_grad
-        if dtype not in FLOATING:
+        if not may_require_grad(dtype):
             raise Fail("RuntimeError", _NO_GRAD)
-        _set_args(args[1], args[2], args[3])
+        set_args(args[1], args[2], args[3])
         raise Fail("RuntimeError", _LEAF_IN_PLACE)
-    shape = _check_view(st, ITEMSIZE[dtype], args[1], args[2], args[3])
+    shape = check_view(st, ITEMSIZE[dtype], args[1], args[2], args[3])
     _check_metadata(args[7] if len(args) > 7 else None, dtype)
     return _tensor("torch.Tensor", dtype, shape, func, args, opcode, off)
 
@@ -405,7 +298,7 @@ def _rebuild_parameter(func: Global, args: tuple[Any, ...], so: StorageOf, opcod
             raise unmodelled("the type name of a requires_grad argument")
         raise Fail("TypeError", "_make_subclass(): argument 'require_grad' (position 3) must be bool, "
                    f"not {tn}")
-    if rg and dtype not in FLOATING:
+    if rg and not may_require_grad(dtype):
         if dtype not in ITEMSIZE:
             raise unmodelled(f"requires_grad on dtype {dtype}")
         raise Fail("RuntimeError", _NO_GRAD)
@@ -483,15 +376,15 @@ def _rebuild_qtensor(func: Global, args: tuple[Any, ...], so: StorageOf, opcode:
         raise Fail("RuntimeError", f"Can't deserialize quantized tensor with qscheme {text}")
     scheme = q[0].full
     st = _storage_arg(args[0], so, "dtype")
-    shape = _int_seq(args[2])
+    shape = int_seq(args[2])
     if shape is None:
         raise unmodelled("_rebuild_qtensor size")
-    if scheme == "torch.per_tensor_affine" and len(q) == 3 and isinstance(q[1], float) and _is_int(q[2]):
+    if scheme == "torch.per_tensor_affine" and len(q) == 3 and isinstance(q[1], float) and is_int(q[2]):
         if st.dtype not in _QDTYPES and st.dtype in ITEMSIZE and all(x >= 0 for x in shape):
             raise Fail("RuntimeError", "Creation of quantized tensor requires quantized dtype like "
                        "torch.quint8")
     elif scheme in ("torch.per_channel_affine", "torch.per_channel_affine_float_qparams") \
-            and len(q) == 4 and _is_int(q[3]):
+            and len(q) == 4 and is_int(q[3]):
         axis = q[3]
         if not 0 <= axis < len(shape):
             raise Fail("ValueError", f"_rebuild_qtensor: per_channel axis {axis} out of range for size "
@@ -513,7 +406,7 @@ def _rebuild_qtensor(func: Global, args: tuple[Any, ...], so: StorageOf, opcode:
         raise unmodelled(f"_rebuild_qtensor with qscheme {scheme}")
     if any(x < 0 for x in shape) or args[5] is not False or st.dtype not in _QDTYPES:
         raise unmodelled("_rebuild_qtensor with negative sizes, requires_grad or a non-q storage")
-    shape = _check_view(st, ITEMSIZE[st.dtype], args[1], args[2], args[3], quantized=True)
+    shape = check_view(st, ITEMSIZE[st.dtype], args[1], args[2], args[3], quantized=True)
     return _tensor("torch.Tensor", st.dtype, shape, func, args, opcode, off)
 
 
@@ -544,7 +437,7 @@ def _rebuild_sparse_tensor(func: Global, args: tuple[Any, ...], so: StorageOf, o
     if kind == "torch.sparse_coo" and isinstance(data, tuple) and len(data) in (3, 4):
         indices, values, size = data[:3]
         coalesced = data[3] if len(data) == 4 else None
-        dims = _int_seq(size)
+        dims = int_seq(size)
         if (_is_tensor(indices, frozenset(("int64",))) and _is_tensor(values) and dims is not None
                 and (coalesced is None or isinstance(coalesced, bool))):
             ishape, vshape = indices.attrs.get("shape"), values.attrs.get("shape")
@@ -556,7 +449,7 @@ def _rebuild_sparse_tensor(func: Global, args: tuple[Any, ...], so: StorageOf, o
     if kind != "torch.sparse_coo" and isinstance(data, tuple) and len(data) == 4:
         # torch.sparse_compressed_tensor(check_invariants=False) accepts any tensor shapes
         # (measured); the invariants are only checked when the user enables them
-        dims = _int_seq(data[3])
+        dims = int_seq(data[3])
         if all(_is_tensor(x) for x in data[:3]) and dims is not None and all(d >= 0 for d in dims):
             return _tensor("torch.Tensor", data[2].attrs.get("dtype"), dims, func, args, opcode, off)
     raise unmodelled("a sparse tensor of this layout/shape")
@@ -564,7 +457,7 @@ def _rebuild_sparse_tensor(func: Global, args: tuple[Any, ...], so: StorageOf, o
 
 def _rebuild_meta(func: Global, args: tuple[Any, ...], so: StorageOf, opcode: str, off: int) -> Call:
     _arity("_rebuild_meta_tensor_no_storage", args, ("dtype", "size", "stride", "requires_grad"))
-    dtype, size, stride = _dtype_of(args[0]), _int_seq(args[1]), _int_seq(args[2])
+    dtype, size, stride = _dtype_of(args[0]), int_seq(args[1]), int_seq(args[2])
     if (dtype is None or size is None or stride is None or len(size) != len(stride)
             or any(x < 0 for x in size + stride) or args[3] is not False):
         raise unmodelled("_rebuild_meta_tensor_no_storage with these arguments")
@@ -647,7 +540,7 @@ def _size(func: Global, args: tuple[Any, ...], so: StorageOf, opcode: str, off: 
             raise Fail("TypeError", f"'{type_name(seq, so)}' object is not iterable")
         if isinstance(seq, (tuple, list)):
             for i, x in enumerate(seq):
-                if not _is_int(x):
+                if not is_int(x):
                     tn = type_name(x, so)
                     if tn in ("str", "float", "NoneType", "tuple", "list", "dict", "bool"):
                         if tn == "bool":
@@ -843,163 +736,3 @@ def hash_error(v: Any, storage_of: StorageOf, depth: int = 0,
     if isinstance(v, PersId):
         raise unmodelled("a storage used as a dict key or set member")
     return None
-
-
-# -- user-allowlisted callables whose result type we know (numpy, collections, functools) --
-# numpy 2.x (the version next to torch 2.13 here): `type(np.dtype(spec))` for the spec strings
-# numpy's own `dtype.__reduce__` writes, with an optional byte-order prefix; the scalar type
-# `numpy._core.multiarray.scalar(dtype, bytes)` makes; the itemsize. Measured
-# (tests/core/weights_only/test_numpy_vs_torch.py checks the table against numpy).
-NUMPY_DTYPES: dict[str, tuple[str, str, int]] = {
-    "b1": ("BoolDType", "numpy.bool", 1),
-    "i1": ("Int8DType", "numpy.int8", 1), "i2": ("Int16DType", "numpy.int16", 2),
-    "i4": ("Int32DType", "numpy.int32", 4), "i8": ("Int64DType", "numpy.int64", 8),
-    "u1": ("UInt8DType", "numpy.uint8", 1), "u2": ("UInt16DType", "numpy.uint16", 2),
-    "u4": ("UInt32DType", "numpy.uint32", 4), "u8": ("UInt64DType", "numpy.uint64", 8),
-    "f2": ("Float16DType", "numpy.float16", 2), "f4": ("Float32DType", "numpy.float32", 4),
-    "f8": ("Float64DType", "numpy.float64", 8), "f16": ("LongDoubleDType", "numpy.longdouble", 16),
-    "c8": ("Complex64DType", "numpy.complex64", 8), "c16": ("Complex128DType", "numpy.complex128", 16),
-    "c32": ("CLongDoubleDType", "numpy.clongdouble", 32),
-    "O": ("ObjectDType", "", 8), "O8": ("ObjectDType", "", 8),
-    "M8": ("DateTime64DType", "", 8), "m8": ("TimeDelta64DType", "", 8),
-}
-_FLEXIBLE = {"S": "BytesDType", "U": "StrDType", "V": "VoidDType"}
-_NUMPY_SPEC = re.compile(r"([<>|=]?)([SUV])([0-9]{1,6})|([<>|=]?)([a-zA-Z][0-9]{0,2})")
-NUMPY_RECONSTRUCT = frozenset(("numpy._core.multiarray._reconstruct", "numpy.core.multiarray._reconstruct"))
-NUMPY_SCALAR = frozenset(("numpy._core.multiarray.scalar", "numpy.core.multiarray.scalar"))
-
-
-def numpy_dtype_class(spec: Any) -> str | None:
-    """`numpy.dtypes.X` for `type(numpy.dtype(spec))`; None for a spec not in the table."""
-    m = _NUMPY_SPEC.fullmatch(spec) if isinstance(spec, str) and spec.isascii() else None
-    if m is None:
-        return None
-    if m.group(2):
-        return f"numpy.dtypes.{_FLEXIBLE[m.group(2)]}"
-    entry = NUMPY_DTYPES.get(m.group(5))
-    return f"numpy.dtypes.{entry[0]}" if entry else None
-
-
-def _user_numpy_dtype(func: Global, args: tuple[Any, ...], so: StorageOf) -> Call | None:
-    # numpy.dtype(spec[, align[, copy]]): numpy writes (spec, False, True)
-    if not 1 <= len(args) <= 3 or not all(isinstance(a, bool) for a in args[1:]):
-        return None
-    cls = numpy_dtype_class(args[0])
-    if cls is None:
-        return None
-    c = Call(func, args, "REDUCE", -1)
-    m = _NUMPY_SPEC.fullmatch(args[0])
-    assert m is not None
-    entry = NUMPY_DTYPES.get(m.group(5) or "")
-    # the (elsize, alignment, flags) numpy writes in the BUILD state (datetimes: not modelled)
-    size = int(m.group(3)) if m.group(2) else -1
-    tail = {"S": (size, 1, 0), "U": (4 * size, 4, 8), "V": (size, 1, 0)}.get(m.group(2) or "")
-    if entry and entry[1]:
-        tail = (-1, -1, 0)
-    elif cls == "numpy.dtypes.ObjectDType":
-        tail = (-1, -1, 63)
-    c.attrs.update(type=cls, build="state", scalar=entry[1] if entry else "",
-                   itemsize=entry[2] if entry else tail[0] if tail else None, tail=tail)
-    return c
-
-
-def _user_reconstruct(func: Global, args: tuple[Any, ...], so: StorageOf) -> Call | None:
-    # numpy's ndarray.__reduce__: _reconstruct(ndarray, (0,), b'b'); BUILD then sets the data
-    # (numpy writes shape (0,) and dtype b'b'; others are left unmodelled: numpy refuses
-    # dtypes it does not understand and arrays too big for memory)
-    if (len(args) == 3 and isinstance(args[0], Global) and args[0].full == "numpy.ndarray"
-            and args[1] == (0,) and isinstance(args[2], Call)
-            and args[2].attrs.get("type") == "bytes" and args[2].attrs.get("value") == b"b"):
-        c = Call(func, args, "REDUCE", -1)
-        c.attrs.update(type="numpy.ndarray", build="state")
-        return c
-    return None
-
-
-def _user_scalar(func: Global, args: tuple[Any, ...], so: StorageOf) -> Call | None:
-    # numpy's scalar.__reduce__: scalar(dtype, raw bytes) for fixed-size numeric types
-    if len(args) != 2 or not isinstance(args[0], Call) or not args[0].attrs.get("scalar"):
-        return None
-    raw = args[1]
-    if not (isinstance(raw, Call) and raw.attrs.get("type") == "bytes"
-            and len(raw.attrs.get("value", b"")) == args[0].attrs.get("itemsize")):
-        return None
-    c = Call(func, args, "REDUCE", -1)
-    c.attrs.update(type=args[0].attrs["scalar"])
-    return c
-
-
-def user_model(func: Global, args: Any, callables: Callable[[Any], bool], so: StorageOf) -> Call | None:
-    """The result of a user-allowlisted callable we have measured, else None.
-
-    `callables(v)` says whether `v` is a global torch can call (a class or function). The
-    result's attrs: "type" (what `type(result)` prints), "build": "state" when BUILD
-    (`__setstate__`) accepts the state numpy writes, "partial" for functools.partial's own
-    check; no "build" when BUILD on it is not modelled.
-    """
-    if not isinstance(args, tuple):
-        return None
-    full = func.full
-    if full == "numpy.dtype":
-        return _user_numpy_dtype(func, args, so)
-    if full in NUMPY_RECONSTRUCT:
-        return _user_reconstruct(func, args, so)
-    if full in NUMPY_SCALAR:
-        return _user_scalar(func, args, so)
-    c = Call(func, args, "REDUCE", -1)
-    if full == "collections.defaultdict" and len(args) <= 1 and (not args or args[0] is None
-                                                                  or callables(args[0])):
-        c.attrs.update(type="collections.defaultdict")
-        return c
-    if full == "collections.deque" and len(args) <= 2 and (
-            not args or isinstance(args[0], (list, tuple))) and (
-            len(args) < 2 or args[1] is None or (_is_int(args[1]) and 0 <= args[1] < 1 << 62)):
-        c.attrs.update(type="collections.deque")
-        return c
-    if full == "functools.partial" and args and callables(args[0]):
-        c.attrs.update(type="functools.partial", build="partial")
-        return c
-    return None
-
-
-def check_partial_state(state: Any, callables: Callable[[Any], bool]) -> None:
-    """`functools.partial.__setstate__`: only the state CPython itself writes is modelled."""
-    if not (isinstance(state, tuple) and len(state) == 4 and callables(state[0])
-            and isinstance(state[1], tuple) and (state[2] is None or isinstance(state[2], dict))
-            and (state[3] is None or isinstance(state[3], dict))
-            and all(isinstance(k, str) for d in state[2:] if d for k in d)):
-        raise unmodelled("functools.partial BUILD with this state")
-
-
-_NUMPY_MAX_DIMS = 64
-_NUMPY_MAX_BYTES = 1 << 62
-
-
-def check_numpy_state(inst: Call, state: Any) -> None:
-    """`__setstate__` of a numpy dtype / ndarray: only the states numpy itself writes."""
-    t = inst.attrs.get("type")
-    if t == "numpy.ndarray":
-        # numpy's limits: at most 64 dimensions, no array past the address space
-        if (isinstance(state, tuple) and len(state) == 5 and state[0] == 1 and type(state[0]) is int
-                and isinstance(state[1], tuple) and len(state[1]) <= _NUMPY_MAX_DIMS
-                and all(_is_int(x) and 0 <= x < 1 << 31 for x in state[1])
-                and isinstance(state[2], Call) and isinstance(state[3], bool)):
-            numel = 1
-            for x in state[1]:
-                numel *= x
-            dt, data = state[2].attrs, state[4]
-            if dt.get("type") == "numpy.dtypes.ObjectDType":
-                # object arrays pickle their items as a list; raw bytes would be pointers
-                if type(data) is list and len(data) == numel:
-                    return
-            elif (dt.get("tail") and isinstance(data, Call) and data.attrs.get("type") == "bytes"
-                    and len(data.attrs.get("value", b"")) == numel * dt["itemsize"]
-                    and numel * dt["itemsize"] < _NUMPY_MAX_BYTES):
-                return
-        raise unmodelled("ndarray BUILD with this state")
-    if (isinstance(state, tuple) and len(state) == 8 and state[0] == 3 and type(state[0]) is int
-            and state[1] in ("<", ">", "|", "=") and state[2:5] == (None, None, None)
-            and inst.attrs.get("tail") is not None and state[5:] == inst.attrs["tail"]
-            and all(type(x) is int for x in state[5:])):
-        return
-    raise unmodelled(f"BUILD of a {t} with this state")

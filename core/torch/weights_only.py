@@ -30,7 +30,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from ckptguard.core.limits import DEFAULT_LIMITS, MAX_BUILD_STATE_KEYS, Limits
+from ckptguard.core.limits import DEFAULT_LIMITS, Limits
 from ckptguard.core.pickle.renames import torch_map
 from ckptguard.core.torch.callables import (
     CLASSES,
@@ -39,20 +39,21 @@ from ckptguard.core.torch.callables import (
     REBUILDERS,
     STORAGE_GLOBALS,
     TENSOR_TYPE_GLOBALS,
-    Fail,
     HashMemo,
-    StorageInfo,
     call_allowed,
-    check_numpy_state,
-    check_partial_state,
     class_repr,
     global_kind,
     hash_error,
     str_value,
     type_name,
-    user_model,
 )
 from ckptguard.core.torch.dtypes import ITEMSIZE, STORAGE_DTYPE, TORCH_DTYPE_GLOBALS
+from ckptguard.core.torch.rules import BLOCKED_MODULES, TORCH_ACCEPTED_CODES, Fail, StorageInfo, restorable
+from ckptguard.core.torch.user_models import (
+    check_numpy_state,
+    check_partial_state,
+    user_model,
+)
 from ckptguard.core.values import Call, Global, PersId
 
 # FORMATS.md §3.3: torch._weights_only_unpickler._get_allowed_globals() keys
@@ -62,7 +63,6 @@ ALLOWED_GLOBALS: frozenset[str] = frozenset(
     + [f"torch.{d}" for d in TORCH_DTYPE_GLOBALS] + [f"torch.{q}" for q in QSCHEMES])
 _CALLABLE_KINDS = frozenset(("type", "function", "builtin_function_or_method", "torch._C._TensorMeta",
                              "torch.nn.parameter._ParameterMeta", "torch.tensortype"))
-BLOCKED_MODULES: frozenset[str] = frozenset(("sys", "os", "posix", "nt"))
 # what a fresh `import torch` (2.13, CPU) puts in the user safe set (FORMATS.md §3.2)
 BASELINE_USER_GLOBALS: frozenset[str] = frozenset((
     "torch.nested._internal.nested_tensor.NestedTensor",
@@ -70,6 +70,7 @@ BASELINE_USER_GLOBALS: frozenset[str] = frozenset((
     "torch.distributed._mesh_layout._MeshLayout",
     "torch.distributed._mesh_layout._FlatLayout",
 ))
+
 _NJT = ("torch.nested._internal.nested_tensor.NestedTensor",
         "torch.nested._internal.nested_tensor._rebuild_njt", "torch._dynamo.decorators._DimRange")
 _DTENSOR = ("torch.distributed.device_mesh.DeviceMesh",
@@ -103,15 +104,6 @@ def wo_message(message: str) -> str:
         text += ("Please file an issue with the following so that we can make `weights_only=True` "
                  "compatible with your use case: WeightsUnpickler error: ")
     return text + "\n\n" + message + DOCS_MESSAGE
-
-
-_RESTORABLE = re.compile(r"cpu|mps|cuda(:[0-9]{1,3})?")
-
-
-def restorable(location: str) -> bool:
-    """A storage location torch restores (cpu, mps, cuda[:N]): assumed present on the
-    loading host (module docstring)."""
-    return _RESTORABLE.fullmatch(location) is not None
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,8 +145,6 @@ class WeightsOnlyResult:
 
 
 _U32 = struct.Struct("<I")
-_ACCEPTED = frozenset(b"\x80.c\x81R(b\x61e\x73u\x28t\x85\x86\x87N\x89\x88)]}\x8fJKM\x8a"
-                      b"GXUQhjqr")
 
 
 def _global_error(module: str, name: str, allowed: frozenset[str]) -> str | None:
@@ -310,7 +300,7 @@ class _Emulator:
                 continue
             self.op_offset = base + pos - 1
             r.pos = pos
-            if op not in _ACCEPTED:
+            if op not in TORCH_ACCEPTED_CODES:
                 raise self.fail("UnpicklingError", f"Unsupported operand {op}")
             try:
                 if op == 0x63:  # GLOBAL
@@ -507,9 +497,9 @@ class _Emulator:
             if not isinstance(state, dict):
                 raise self.fail("Unmodelled", "not modelled: OrderedDict BUILD with a non-dict state")
             self.build_keys += len(state)
-            if self.build_keys > MAX_BUILD_STATE_KEYS:
+            if self.build_keys > self.limits.max_build_state_keys:
                 raise self.fail("Unmodelled", "not modelled: BUILD states of more than "
-                                f"{MAX_BUILD_STATE_KEYS} keys in all (torch.load would take "
+                                f"{self.limits.max_build_state_keys} keys in all (torch.load would take "
                                 "minutes or hang)")
             if not all(isinstance(k, str) for k in state):
                 raise self.fail("Unmodelled", "not modelled: OrderedDict BUILD state with a key "
@@ -742,7 +732,7 @@ def unsafe_globals(data: bytes | memoryview, allow: frozenset[str] = frozenset()
                     r.read(raw[0])
             elif op == 0x2E:
                 return sorted(found - allowed)
-            elif op not in _ACCEPTED:
+            elif op not in TORCH_ACCEPTED_CODES:
                 return TorchError("UnpicklingError", f"Unsupported operand {op}", offset)
         except MemoryError:
             return TorchError("LimitExceeded", "out of memory", offset)

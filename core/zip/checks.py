@@ -29,43 +29,47 @@ from ckptguard.core.errors import CkptError, Code
 from ckptguard.core.io.source import ByteSource
 from ckptguard.core.state import Analysis
 from ckptguard.core.zip.directory import (
-    FLAG_UTF8,
-    LOCAL_SIZE,
-    ZIP64_EOCD_SIZE,
-    ZIP64_LOCATOR_SIZE,
     LocalHeader,
     ZipDirectory,
     ZipEntry,
     fold_name,
     read_record,
 )
-from ckptguard.core.zip.offsets import U32_MAX, descriptor_size
+from ckptguard.core.zip.layout import (
+    FLAG_DESCRIPTOR,
+    FLAG_ENCRYPTED,
+    FLAG_MASKED_HEADER,
+    FLAG_STRONG_ENCRYPTION,
+    FLAG_UTF8,
+    LOCAL_SIZE,
+    U32_MAX,
+    ZIP64_EOCD_SIZE,
+    ZIP64_LOCATOR_SIZE,
+)
+from ckptguard.core.zip.offsets import descriptor_size
 
-MAX_PER_CODE = 50
-FLAG_ENCRYPTED = 0x0001
-FLAG_DESCRIPTOR = 0x0008
-FLAG_STRONG_ENCRYPTION = 0x0040
-FLAG_MASKED_HEADER = 0x2000
 KNOWN_METHODS = {0: "stored", 8: "deflate"}
 
 
 class _Capped:
-    """Adds findings to an Analysis, at most MAX_PER_CODE per code, then one summary each."""
+    """Adds findings to an Analysis, at most `max_zip_findings_per_code` per code, then one
+    summary each."""
 
     def __init__(self, an: Analysis) -> None:
         self.an = an
+        self.cap = an.options.limits.max_zip_findings_per_code
         self.counts: dict[Code, int] = defaultdict(int)
 
     def add(self, code: Code, message: str, *, record: str | None = None,
             offset: int | None = None) -> None:
         self.counts[code] += 1
-        if self.counts[code] <= MAX_PER_CODE:
+        if self.counts[code] <= self.cap:
             self.an.add(code, message, record=record, offset=offset)
 
     def close(self) -> None:
         for code, n in self.counts.items():
-            if n > MAX_PER_CODE:
-                self.an.add(code, f"... and {n - MAX_PER_CODE} more {code} findings")
+            if n > self.cap:
+                self.an.add(code, f"... and {n - self.cap} more {code} findings")
 
 
 def check_archive(directory: ZipDirectory, locals_: Mapping[int, LocalHeader], an: Analysis) -> None:

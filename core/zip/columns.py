@@ -28,26 +28,24 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from ckptguard.core.errors import CkptError
+from ckptguard.core.errors import CkptError, Decline
 from ckptguard.core.io.source import COALESCE_GAP, COALESCE_MAX, ByteSource
 from ckptguard.core.limits import Limits
-from ckptguard.core.pickle.fast.tokenize import Decline
-from ckptguard.core.zip.checks import FLAG_DESCRIPTOR
-from ckptguard.core.zip.directory import (
-    _EOCD,
-    _ZIP64_EOCD,
-    _ZIP64_LOCATOR,
+from ckptguard.core.zip.directory import _read_tail, find_eocd
+from ckptguard.core.zip.layout import (
     CENTRAL_SIG,
     CENTRAL_SIZE,
     EOCD_SIZE,
+    EOCD_STRUCT,
+    FLAG_DESCRIPTOR,
     FLAG_UTF8,
     LOCAL_SIG,
     LOCAL_SIZE,
     U32_MAX,
     ZIP64_EOCD_SIZE,
+    ZIP64_EOCD_STRUCT,
     ZIP64_LOCATOR_SIZE,
-    _read_tail,
-    find_eocd,
+    ZIP64_LOCATOR_STRUCT,
 )
 from ckptguard.core.zip.offsets import DESCRIPTOR_SIZE32
 
@@ -104,18 +102,18 @@ def _end_records(source: ByteSource, limits: Limits) -> tuple[int, int, int]:
     except CkptError as exc:
         raise Decline(exc.message) from exc
     (_, disk, cd_disk, n_disk, n_total, cd_size, cd_offset,
-     comment_len) = _EOCD.unpack_from(tail, eocd - tail_start)
+     comment_len) = EOCD_STRUCT.unpack_from(tail, eocd - tail_start)
     if comment_len or eocd + EOCD_SIZE != size or disk or cd_disk or n_disk != n_total:
         raise Decline("end record: comment, appended bytes or disks")
     end_of_cd = eocd
     loc_at = eocd - ZIP64_LOCATOR_SIZE
     if loc_at >= ZIP64_EOCD_SIZE and loc_at >= tail_start \
             and tail[loc_at - tail_start: loc_at - tail_start + 4] == b"PK\x06\x07":
-        _, loc_disk, z64_at, n_disks = _ZIP64_LOCATOR.unpack_from(tail, loc_at - tail_start)
+        _, loc_disk, z64_at, n_disks = ZIP64_LOCATOR_STRUCT.unpack_from(tail, loc_at - tail_start)
         if z64_at != loc_at - ZIP64_EOCD_SIZE or z64_at < tail_start or n_disks != 1 or loc_disk:
             raise Decline("zip64 locator")
         (sig, rec_size, _, _, disk, cd_disk, n_disk, n_total, cd_size,
-         cd_offset) = _ZIP64_EOCD.unpack_from(tail, z64_at - tail_start)
+         cd_offset) = ZIP64_EOCD_STRUCT.unpack_from(tail, z64_at - tail_start)
         if sig != b"PK\x06\x06" or rec_size != ZIP64_EOCD_SIZE - 12 or disk or cd_disk \
                 or n_disk != n_total:
             raise Decline("zip64 end record")

@@ -37,30 +37,32 @@ from dataclasses import dataclass, field
 from ckptguard.core.errors import CkptError, Code, FormatError, LimitExceeded
 from ckptguard.core.io.source import ByteSource
 from ckptguard.core.limits import DEFAULT_LIMITS, Limits
+from ckptguard.core.zip.layout import (
+    CENTRAL_SIG,
+    CENTRAL_SIZE,
+    CENTRAL_STRUCT,
+    EOCD_SIG,
+    EOCD_SIZE,
+    EOCD_STRUCT,
+    EXTRA_HEAD_STRUCT,
+    FLAG_UTF8,
+    LOCAL_SIG,
+    LOCAL_SIZE,
+    LOCAL_STRUCT,
+    U16_MAX,
+    U32_MAX,
+    U64_STRUCT,
+    ZIP64_EOCD_SIG,
+    ZIP64_EOCD_SIZE,
+    ZIP64_EOCD_STRUCT,
+    ZIP64_EXTRA_ID,
+    ZIP64_LOCATOR_SIG,
+    ZIP64_LOCATOR_SIZE,
+    ZIP64_LOCATOR_STRUCT,
+)
 
-EOCD_SIG = b"PK\x05\x06"
-ZIP64_EOCD_SIG = b"PK\x06\x06"
-ZIP64_LOCATOR_SIG = b"PK\x06\x07"
-CENTRAL_SIG = 0x02014B50
-LOCAL_SIG = 0x04034B50
-EOCD_SIZE = 22
-ZIP64_EOCD_SIZE = 56
-ZIP64_LOCATOR_SIZE = 20
-CENTRAL_SIZE = 46
-LOCAL_SIZE = 30
-U16_MAX = 0xFFFF
-U32_MAX = 0xFFFFFFFF
-ZIP64_EXTRA_ID = 0x0001
-FLAG_UTF8 = 0x0800
 LOCAL_SLACK = 256   # torch's FB pad < alignment (64) + zip64 field: one read usually suffices
 
-_EOCD = struct.Struct("<4sHHHHIIH")
-_ZIP64_EOCD = struct.Struct("<4sQHHIIQQQQ")
-_ZIP64_LOCATOR = struct.Struct("<4sIQI")
-_CENTRAL = struct.Struct("<I6H3I5H2I")
-_LOCAL = struct.Struct("<I5H3I2H")
-_EXTRA_HEAD = struct.Struct("<HH")
-_U64 = struct.Struct("<Q")
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,7 +221,7 @@ def read_directory(source: ByteSource, limits: Limits = DEFAULT_LIMITS) -> ZipDi
     tail, tail_start = _read_tail(source)
     eocd_offset = find_eocd(tail, tail_start)
     (_, disk, cd_disk, n_disk, n_total, cd_size, cd_offset,
-     comment_len) = _EOCD.unpack_from(tail, eocd_offset - tail_start)
+     comment_len) = EOCD_STRUCT.unpack_from(tail, eocd_offset - tail_start)
     comment_start = eocd_offset + EOCD_SIZE
     archive_end = min(size, comment_start + comment_len)
     comment = tail[comment_start - tail_start: archive_end - tail_start]
@@ -230,7 +232,7 @@ def read_directory(source: ByteSource, limits: Limits = DEFAULT_LIMITS) -> ZipDi
         loc = _bytes_at(source, tail, tail_start, eocd_offset - ZIP64_LOCATOR_SIZE, ZIP64_LOCATOR_SIZE)
         if loc[:4] == ZIP64_LOCATOR_SIG:
             zip64 = True
-            _, _, loc_offset, n_disks = _ZIP64_LOCATOR.unpack(loc)
+            _, _, loc_offset, n_disks = ZIP64_LOCATOR_STRUCT.unpack(loc)
             # miniz: try right before the locator first, then where the locator points
             z64_offset = eocd_offset - ZIP64_LOCATOR_SIZE - ZIP64_EOCD_SIZE
             rec = _bytes_at(source, tail, tail_start, z64_offset, ZIP64_EOCD_SIZE)
@@ -244,7 +246,7 @@ def read_directory(source: ByteSource, limits: Limits = DEFAULT_LIMITS) -> ZipDi
                     raise _fmt_err(Code.ZIP_BAD_EOCD, "no zip64 end-of-central-directory record",
                                    z64_offset)
             (_, rec_size, _, _, disk, cd_disk, n_disk, n_total, cd_size,
-             cd_offset) = _ZIP64_EOCD.unpack(rec)
+             cd_offset) = ZIP64_EOCD_STRUCT.unpack(rec)
             if rec_size < ZIP64_EOCD_SIZE - 12:
                 raise _fmt_err(Code.ZIP_BAD_EOCD, f"zip64 record size {rec_size} < 44", z64_offset)
             if n_disks != 1:
@@ -304,7 +306,7 @@ def _zip64_extra(extra: bytes, want: Sequence[bool], where: int) -> list[int]:
     """Values of the zip64 extra field for the sentinel fields in `want` (usize, csize, offset)."""
     pos, end = 0, len(extra)
     while pos + 4 <= end:
-        field_id, field_len = _EXTRA_HEAD.unpack_from(extra, pos)
+        field_id, field_len = EXTRA_HEAD_STRUCT.unpack_from(extra, pos)
         body = pos + 4
         if body + field_len > end:
             break
@@ -316,7 +318,7 @@ def _zip64_extra(extra: bytes, want: Sequence[bool], where: int) -> list[int]:
                     if at + 8 > body + field_len:
                         raise _fmt_err(Code.ZIP_BAD_CENTRAL_DIR,
                                        "zip64 extra field too short for its sentinels", where)
-                    out.append(_U64.unpack_from(extra, at)[0])
+                    out.append(U64_STRUCT.unpack_from(extra, at)[0])
                     at += 8
             return out
         pos = body + field_len
@@ -327,7 +329,7 @@ def _zip64_extra(extra: bytes, want: Sequence[bool], where: int) -> list[int]:
 def parse_central_directory(cd: bytes, cd_offset: int, count: int, file_size: int,
                             this_disk: int = 0) -> list[ZipEntry]:
     """`count` central records from the buffer `cd` that starts at file offset `cd_offset`."""
-    unpack = _CENTRAL.unpack_from
+    unpack = CENTRAL_STRUCT.unpack_from
     entries: list[ZipEntry] = []
     append = entries.append
     new = _ZipEntryFast
@@ -445,7 +447,7 @@ def parse_local_header(buf: bytes, offset: int) -> LocalHeader:
     """The local header at the start of `buf`, which was read from file offset `offset`."""
     if len(buf) < LOCAL_SIZE:
         raise _fmt_err(Code.ZIP_BAD_LOCAL_HEADER, "local header truncated", offset)
-    sig, _, flags, method, _, _, crc, csize, usize, nlen, xlen = _LOCAL.unpack_from(buf, 0)
+    sig, _, flags, method, _, _, crc, csize, usize, nlen, xlen = LOCAL_STRUCT.unpack_from(buf, 0)
     if sig != LOCAL_SIG:
         raise _fmt_err(Code.ZIP_BAD_LOCAL_HEADER, "no local header signature", offset)
     end = LOCAL_SIZE + nlen + xlen

@@ -16,9 +16,8 @@ from dataclasses import dataclass
 from ckptguard.core.errors import Code, FormatError
 from ckptguard.core.state import Analysis
 from ckptguard.core.zip.directory import LocalHeader, ZipDirectory
+from ckptguard.core.zip.layout import LOCAL_SIZE, U32_MAX
 
-U32_MAX = 0xFFFFFFFF          # miniz's MZ_UINT32_MAX
-LOCAL_HEADER_SIZE = 30
 FB_HEADER_SIZE = 4            # "FB" id + u16 length, always present (FORMATS.md §1.2)
 ZIP64_HEADER_SIZE = 4         # id 0x0001 + u16 length
 DESCRIPTOR_SIZE32 = 16        # torch: data_descripter_size32
@@ -37,7 +36,7 @@ def record_data_offset(header_offset: int, name_len: int, size: int, alignment: 
     >>> record_data_offset(1128, 10, 10, 64)   # FORMATS.md §1.4, data/1
     1216
     """
-    start = header_offset + LOCAL_HEADER_SIZE + name_len + FB_HEADER_SIZE
+    start = header_offset + LOCAL_SIZE + name_len + FB_HEADER_SIZE
     if _is_large(header_offset, size):
         start += ZIP64_HEADER_SIZE
         if size >= U32_MAX:

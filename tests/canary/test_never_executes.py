@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 
 from ckptguard.core.scan import scan_path
+from tests.builders.pickle_asm import asm
 from tests.core.legacy.conftest import stream
-from tests.pickle_asm import asm
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 

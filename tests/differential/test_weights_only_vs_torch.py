@@ -20,10 +20,10 @@ from ckptguard.core.scan import scan_path
 from ckptguard.core.state import ScanOptions
 from ckptguard.core.torch.dtypes import ITEMSIZE, STORAGE_DTYPE
 from ckptguard.core.torch.weights_only import TorchError, emulate, unsafe_globals
-from tests.core.fastlane.torchlayout import torch_layout
-from tests.core.weights_only.cases import CASES, Case, Items, call, g, i, ints, od, pid, pk, s, v2
-from tests.core.weights_only.oracle import run_oracle, write_zip, zip_records
-from tests.core.weights_only.subclass import MyTensor
+from tests.builders.torchlayout import torch_layout
+from tests.core.torch_rules.cases import CASES, Case, Items, call, g, i, ints, od, pid, pk, s, v2
+from tests.core.torch_rules.oracle import run_oracle, write_zip, zip_records
+from tests.core.torch_rules.subclass import MyTensor
 
 pytestmark = pytest.mark.torch
 torch = pytest.importorskip("torch")
@@ -177,7 +177,7 @@ def _saved_cases(tmp: Path) -> list[Case]:
         torch.save(obj, buf)
         pkl, recs = zip_records_from_bytes(buf.getvalue(), tmp / f"save-{name}.pt")
         allow = {"namespace-allowed": ["argparse.Namespace"],
-                 "subclass-allowed": ["tests.core.weights_only.subclass.MyTensor"]}.get(name, [])
+                 "subclass-allowed": ["tests.core.torch_rules.subclass.MyTensor"]}.get(name, [])
         out.append(Case(f"save:{name}", pkl, recs, allow))
     for name, obj, allow in _allowlisted_objects():
         buf = io.BytesIO()
@@ -416,7 +416,7 @@ def _legacy_stream(main: bytes, storages: list[tuple[str, int, bytes]]) -> bytes
 
 
 def _legacy_handmade() -> dict[str, bytes]:
-    from tests.core.weights_only.cases import g, i, ints, od, pk, s
+    from tests.core.torch_rules.cases import g, i, ints, od, pk, s
 
     def lpid(st: str = "torch.FloatStorage", key: str = "k1", numel: int = 4,
              view: list[Any] | None = None) -> list[Any]:
@@ -494,7 +494,7 @@ _POOL: list[list[Any]] = [
 
 
 def _random_program(rng: Any) -> bytes:
-    from tests.core.weights_only.cases import pid, pk, v2
+    from tests.core.torch_rules.cases import pid, pk, v2
 
     items: list[Any] = []
     for _ in range(rng.randint(1, 12)):
@@ -551,7 +551,7 @@ _FUNCS = ["collections.OrderedDict", "collections.Counter", "torch.Size", "torch
 
 
 def _random_value(rng: Any, depth: int = 0) -> list[Any]:
-    from tests.core.weights_only.cases import call, g, i, ints, od, pid, s, v2
+    from tests.core.torch_rules.cases import call, g, i, ints, od, pid, s, v2
 
     if depth < 1 and rng.random() < 0.15:
         return ["MARK", *[x for _ in range(rng.randint(0, 4)) for x in _random_value(rng, 1)], "TUPLE"]
@@ -594,7 +594,7 @@ def _random_value(rng: Any, depth: int = 0) -> list[Any]:
 
 
 def _random_call(rng: Any) -> bytes:
-    from tests.core.weights_only.cases import call, pk, s
+    from tests.core.torch_rules.cases import call, pk, s
 
     args = [_random_value(rng) for _ in range(rng.choice([0, 1, 2, 3, 4, 4, 6, 7]))]
     items = call(rng.choice(_FUNCS), *args)

@@ -15,7 +15,7 @@ import zipfile
 import numpy as np
 import pytest
 
-from tests.pickle_asm import asm
+from tests.builders.pickle_asm import asm
 
 torch = pytest.importorskip("torch")
 safetensors_torch = pytest.importorskip("safetensors.torch")

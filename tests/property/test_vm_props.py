@@ -17,7 +17,7 @@ from ckptguard.core.errors import FormatError, LimitExceeded
 from ckptguard.core.limits import DEFAULT_LIMITS
 from ckptguard.core.pickle.opcodes import BY_NAME
 from ckptguard.core.pickle.vm import VmResult, run_vm
-from tests.pickle_asm import asm
+from tests.builders.pickle_asm import asm
 
 SMALL = dataclasses.replace(DEFAULT_LIMITS, max_opcodes=20_000, max_str_bytes=1 << 20, max_depth=500,
                             max_memo_entries=5_000, max_stack=20_000, max_container_items=20_000)

@@ -20,14 +20,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ckptguard.core import judge as pickle_scan
+from ckptguard.core.errors import Decline
 from ckptguard.core.io.source import BytesSource
-from ckptguard.core.lane import torch_zip as fastlane
 from ckptguard.core.pickle.fast import column_stubs as fastload
 from ckptguard.core.pickle.fast import stubs as fastpath
-from ckptguard.core.pickle.fast.tokenize import Decline
 from ckptguard.core.report import Report
 from ckptguard.core.scan import scan_path, scan_source
-from tests.core.fastlane.torchlayout import torch_layout
+from tests.agreement import scan_with
+from tests.builders.torchlayout import torch_layout
 from tests.engine import needs_sound_re
 
 # a short relative canary: a tar name field holds 100 bytes, and a scan runs in another cwd
@@ -300,11 +300,8 @@ FAST_PATH_CASES = {
 }
 
 
-def _exact(path: Path, monkeypatch: pytest.MonkeyPatch) -> Report:
-    with monkeypatch.context() as m:
-        m.setattr(fastlane, "try_torch_zip", lambda source, an: False)
-        m.setattr(pickle_scan, "_try_fast", lambda *args, **kw: None)
-        return scan_path(path)
+def _exact(path: Path) -> Report:
+    return scan_with(path, "exact")
 
 
 def _comparable(report: Report) -> dict[str, object]:
@@ -316,20 +313,18 @@ def _comparable(report: Report) -> dict[str, object]:
 
 @pytest.mark.parametrize("case", list(FAST_PATH_CASES))
 @pytest.mark.parametrize("container", ["pickle", "torch-zip"])
-def test_fast_paths_agree_with_the_exact_interpreters(tmp_path: Path, case: str, container: str,
-                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+def test_fast_paths_agree_with_the_exact_interpreters(tmp_path: Path, case: str, container: str) -> None:
     pkl = FAST_PATH_CASES[case]
     path = tmp_path / "case.pt"
     path.write_bytes(pkl if container == "pickle" else torch_layout("archive", pkl))
-    fast, exact = scan_path(path), _exact(path, monkeypatch)
+    fast, exact = scan_path(path), _exact(path)
     assert _comparable(fast) == _comparable(exact), case
     assert not fast.weights_only.loadable or case == "build-plants-setstate"
     assert fast.verdict != "safe", (case, fast.verdict)
 
 
 @pytest.mark.parametrize("key", ["tensor", "tensor-and-int", "parameter"])
-def test_keys_that_are_tensors_are_named_alike_on_every_path(key: str, tmp_path: Path,
-                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+def test_keys_that_are_tensors_are_named_alike_on_every_path(key: str, tmp_path: Path) -> None:
     """A tensor as a dict key is named by the call that builds it; the fast path's
     OrderedDict stand-in (the hooks argument) was named `<OrderedDict>`, the exact path's
     `collections.OrderedDict()`."""
@@ -338,7 +333,7 @@ def test_keys_that_are_tensors_are_named_alike_on_every_path(key: str, tmp_path:
             "parameter": torch.nn.Parameter(torch.ones(1))}[key]
     path = tmp_path / "keyed.pt"
     torch.save({made: torch.zeros(1)}, path)
-    fast, exact = scan_path(path), _exact(path, monkeypatch)
+    fast, exact = scan_path(path), _exact(path)
     assert _comparable(fast) == _comparable(exact)
     assert "<" not in fast.tensors[0].name, fast.tensors[0].name
 
@@ -346,8 +341,8 @@ def test_keys_that_are_tensors_are_named_alike_on_every_path(key: str, tmp_path:
 def _round5_cases() -> dict[str, bytes]:
     """Pickles where a C-speed path differed from the exact interpreters (helper hunt,
     16,800 generated files): A-C were called loadable although torch refuses them."""
-    from tests.core.fastlane.torchlayout import v2
-    from tests.pickle_asm import asm
+    from tests.builders.pickle_asm import asm
+    from tests.builders.torchlayout import v2
 
     def s(text: str) -> tuple[str, str]:
         return ("BINUNICODE", text)
@@ -380,13 +375,12 @@ def _round5_cases() -> dict[str, bytes]:
 
 
 @pytest.mark.parametrize("case", sorted(_round5_cases()))
-def test_fast_paths_agree_on_round5_cases(case: str, tmp_path: Path,
-                                          monkeypatch: pytest.MonkeyPatch) -> None:
+def test_fast_paths_agree_on_round5_cases(case: str, tmp_path: Path) -> None:
     torch = pytest.importorskip("torch")
     path = tmp_path / "case.pt"
     records = [(key, b"\0" * 8) for key in (("0", "1") if case.startswith("F") else ("0",))]
     path.write_bytes(torch_layout("archive", _round5_cases()[case], records))
-    fast, exact = scan_path(path), _exact(path, monkeypatch)
+    fast, exact = scan_path(path), _exact(path)
     assert _comparable(fast) == _comparable(exact)
     if fast.weights_only.loadable:   # never loadable where torch refuses
         torch.load(path, weights_only=True)

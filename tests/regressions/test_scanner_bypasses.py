@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from ckptguard.core.errors import Code
-from tests.pickle_asm import asm
+from tests.builders.pickle_asm import asm
 
 
 def codes(an: Any) -> set[Code]:

@@ -9,7 +9,7 @@ import pickle
 import struct
 from collections.abc import Iterator
 
-from tests.pickle_asm import asm, op
+from tests.builders.pickle_asm import asm, op
 
 
 def nonce() -> str:

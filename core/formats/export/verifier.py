@@ -17,9 +17,6 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-MAX_GRAPH_DEPTH = 32            # nested higher-order subgraphs
-MAX_VIOLATIONS = 200
-
 # verifier.py `_allowed_builtin_ops` + `_allowed_torch_functions`, as serialized names
 ALLOWED_BUILTIN_TARGETS = frozenset(
     [f"_operator.{n}" for n in ("getitem", "add", "mul", "sub", "truediv", "ge", "le", "gt", "lt",
@@ -50,8 +47,10 @@ class Violation:
 
 
 def verify_program(program: Mapping[str, Any], weights: Mapping[str, Mapping[str, Any]],
-                   constants: Mapping[str, Mapping[str, Any]]) -> list[Violation]:
-    """All rule violations of one models/<name>.json against its weight/constant configs."""
+                   constants: Mapping[str, Mapping[str, Any]], *, max_violations: int,
+                   max_graph_depth: int) -> list[Violation]:
+    """The first `max_violations` rule violations of one models/<name>.json against its
+    weight/constant configs; subgraphs nested deeper than `max_graph_depth` are not read."""
     out: list[Violation] = []
     gm = _dict(program.get("graph_module"))
     graph = _dict(gm.get("graph"))
@@ -61,9 +60,9 @@ def verify_program(program: Mapping[str, Any], weights: Mapping[str, Mapping[str
     _check_schema(program, out)
     _check_inputs(graph, sig, weights, constants, out)
     _check_outputs(graph, sig, out)
-    _check_ops(graph, training, out, depth=0)
+    _check_ops(graph, training, out, max_graph_depth)
     _check_call_graph(gm, graph, out)
-    return out[:MAX_VIOLATIONS]
+    return out[:max_violations]
 
 
 def _dict(value: Any) -> Mapping[str, Any]:
@@ -209,9 +208,10 @@ def _check_outputs(graph: Mapping[str, Any], sig: Mapping[str, Any], out: list[V
                                  f"order or is not found in the user output list: {users}"))
 
 
-def iter_nodes(graph: Mapping[str, Any], depth: int = 0) -> Iterator[tuple[Mapping[str, Any], int]]:
+def iter_nodes(graph: Mapping[str, Any], max_depth: int,
+               depth: int = 0) -> Iterator[tuple[Mapping[str, Any], int]]:
     """Every node of `graph` and of its higher-order subgraphs (`as_graph` arguments)."""
-    if depth > MAX_GRAPH_DEPTH:
+    if depth > max_depth:
         return
     for node in _list(graph.get("nodes")):
         if not isinstance(node, dict):
@@ -220,12 +220,12 @@ def iter_nodes(graph: Mapping[str, Any], depth: int = 0) -> Iterator[tuple[Mappi
         for inp in _list(node.get("inputs")):
             sub = _dict(_dict(_dict(inp).get("arg")).get("as_graph")).get("graph")
             if isinstance(sub, dict):
-                yield from iter_nodes(sub, depth + 1)
+                yield from iter_nodes(sub, max_depth, depth + 1)
 
 
-def _check_ops(graph: Mapping[str, Any], training: bool, out: list[Violation], depth: int) -> None:
+def _check_ops(graph: Mapping[str, Any], training: bool, out: list[Violation], max_depth: int) -> None:
     seen: set[str] = set()
-    for node, _ in iter_nodes(graph, depth):
+    for node, _ in iter_nodes(graph, max_depth):
         target = node.get("target")
         if not isinstance(target, str):
             out.append(Violation("operator-allowed", f"node {node.get('name')} has no target"))

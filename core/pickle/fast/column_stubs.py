@@ -31,10 +31,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ckptguard.core.errors import Decline
+from ckptguard.core.limits import DEFAULT_LIMITS
 from ckptguard.core.pickle.fast.tokenize import (
     BuildLedger,
     CheckedDict,
-    Decline,
     StubUnpickler,
     Tokens,
     tokenize,
@@ -118,10 +119,9 @@ class _StubUnpickler(StubUnpickler):
 
     def __init__(self, data: bytes, toks: Tokens, stubs: dict[tuple[str, str], Any],
                  refs: list[tuple[Any]], builds: BuildLedger) -> None:
-        super().__init__(data, toks)
+        super().__init__(data, toks, builds)
         self.stubs.update(stubs)
         self.refs = refs
-        self.builds = builds
 
     def make_stub(self, module: str, name: str) -> Any:
         return StubGlobal((module, name))
@@ -132,7 +132,8 @@ class _StubUnpickler(StubUnpickler):
         return ref
 
 
-def load(data: bytes, allowed: Callable[[str], bool]) -> Loaded:
+def load(data: bytes, allowed: Callable[[str], bool], *,
+         max_build_state_keys: int = DEFAULT_LIMITS.max_build_state_keys) -> Loaded:
     """Build the value graph of a clean torch pickle at C speed, or raise Decline."""
     toks = tokenize(data, allowed)
     refs: list[tuple[Any]] = []
@@ -145,7 +146,7 @@ def load(data: bytes, allowed: Callable[[str], bool]) -> Loaded:
         stubs[key] = stub
         kinds[stub] = base
     attributes: dict[int, tuple[StubDict, dict[Any, Any]]] = {}
-    builds = BuildLedger()
+    builds = BuildLedger(max_build_state_keys)
     dict_type = type("OrderedDict", (StubDict,), {"__slots__": (), "attributes": attributes,
                                                    "builds": builds})
     stubs[("collections", "OrderedDict")] = dict_type

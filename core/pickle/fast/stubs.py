@@ -27,23 +27,21 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ckptguard.core.errors import Decline
+from ckptguard.core.limits import DEFAULT_LIMITS
 from ckptguard.core.pickle.fast.tokenize import (
     PLAIN_KEYS,
     BuildLedger,
-    CheckedDict,
-    Decline,
     StubUnpickler,
     Tokens,
     check_key,
     tokenize,
 )
-from ckptguard.core.torch.callables import INT64_SAFE
-from ckptguard.core.torch.dtypes import FLOATING, ITEMSIZE
 from ckptguard.core.values import Call, Global, PersId
 
-__all__ = ["Decline", "FastResult", "Tokens", "check_rebuild", "fast_load", "tokenize"]
+__all__ = ["FastResult", "OrderedDictStub", "Tokens", "fast_load", "tokenize"]
 
-class _ODict(OrderedDict[Any, Any]):
+class OrderedDictStub(OrderedDict[Any, Any]):
     """`OrderedDict()` at C speed; BUILD updates `__dict__` with a dict, as torch does.
     Subclassed per load: `builds` is that load's count of judged BUILDs."""
 
@@ -94,7 +92,7 @@ def _make_stub(node: Global, calls: list[Call], builds: BuildLedger,
                check_call: Callable[[str, tuple[Any, ...]], str | None] | None) -> Any:
     full = node.full
     if full == "collections.OrderedDict":
-        return type("OrderedDict", (_ODict,), {"builds": builds})
+        return type("OrderedDict", (OrderedDictStub,), {"builds": builds})
     if full not in _REBUILDERS:
         return StubMeta(node.name, (GlobalStub,), {"node": node})
 
@@ -119,12 +117,14 @@ class FastResult:
 
 def fast_load(data: bytes, *, allowed: Callable[[str], bool],
               check_pid: Callable[[tuple[Any, ...]], None],
-              check_call: Callable[[str, tuple[Any, ...]], str | None] | None = None) -> FastResult:
+              check_call: Callable[[str, tuple[Any, ...]], str | None] | None = None,
+              max_build_state_keys: int = DEFAULT_LIMITS.max_build_state_keys) -> FastResult:
     """Build the value graph of a clean torch pickle at C speed, or raise Decline.
 
     `check_pid` validates a persistent id like torch's persistent_load + the container
     (record present, exact size) and raises Decline otherwise; `check_call` may veto a
-    rebuild call's arguments (torch's own checks) by raising Decline.
+    rebuild call's arguments (torch's own checks, core.torch.rules.check_rebuild) by raising
+    Decline.
     """
     toks = tokenize(data, allowed, newobj=True)
     calls: list[Call] = []
@@ -144,66 +144,5 @@ def fast_load(data: bytes, *, allowed: Callable[[str], bool],
             persids.append(node)
             return node
 
-    root = _Unpickler(data, toks).load_or_decline()
+    root = _Unpickler(data, toks, BuildLedger(max_build_state_keys)).load_or_decline()
     return FastResult(root, toks, calls, persids)
-
-
-def check_rebuild(full: str, args: tuple[Any, ...],
-                  storage_info: Callable[[PersId], tuple[str, int] | None]) -> str | None:
-    """Decline unless torch's rebuild function would accept `args` without complaint.
-
-    `storage_info(persid) -> (dtype, nbytes)` describes a storage. The rules are torch's
-    (`_rebuild_tensor` -> `Tensor.set_`, FORMATS.md §2.4, §2.6), kept deliberately narrow:
-    anything outside them is left to the exact interpreter.
-    """
-    if full == "torch._utils._rebuild_parameter":
-        if (len(args) != 3 or type(args[0]) is not Call or type(args[1]) is not bool
-                or not _is_empty_hooks(args[2])):
-            raise Decline("unusual _rebuild_parameter arguments")
-        inner: str | None = args[0].attrs.get("dtype")
-        if args[1] and inner not in FLOATING:
-            raise Decline("requires_grad on a non-floating tensor")
-        return inner
-    if full == "torch._utils._rebuild_tensor_v2":
-        if len(args) not in (6, 7):
-            raise Decline("_rebuild_tensor_v2 arity")
-        dtype = None
-    else:  # _rebuild_tensor_v3
-        if len(args) not in (7, 8) or type(args[6]) is not Global or args[6].module != "torch":
-            raise Decline("_rebuild_tensor_v3 arguments")
-        dtype = args[6].name
-    storage, offset, size, stride, requires_grad, hooks = args[:6]
-    metadata = args[7 if dtype else 6] if len(args) > (7 if dtype else 6) else None
-    info = storage_info(storage) if type(storage) is PersId else None
-    if info is None:
-        raise Decline("tensor storage is not a storage")
-    storage_dtype, nbytes = info
-    if dtype is None:
-        dtype = storage_dtype
-    itemsize = ITEMSIZE.get(dtype)
-    if (itemsize is None or type(offset) is not int or offset < 0
-            or type(size) is not tuple or type(stride) is not tuple or len(size) != len(stride)
-            or type(requires_grad) is not bool or not _is_empty_hooks(hooks)
-            or not (metadata is None or (type(metadata) is CheckedDict and not metadata))):
-        raise Decline("unusual tensor arguments")
-    if requires_grad and (dtype not in FLOATING or full.endswith("_v3")):
-        # _rebuild_tensor_v3 with requires_grad never loads (torch.empty(requires_grad=True)
-        # then set_() on a leaf that requires grad: RuntimeError)
-        raise Decline("requires_grad on a non-floating tensor, or in _rebuild_tensor_v3")
-    if offset >= INT64_SAFE:
-        raise Decline("a storage offset near int64 overflow")
-    extent = 1
-    empty = False
-    for n, st in zip(size, stride, strict=True):   # every dim, also after a zero one
-        if type(n) is not int or type(st) is not int or not (
-                0 <= n < INT64_SAFE and 0 <= st < INT64_SAFE):
-            raise Decline("negative, huge or non-integer size/stride (torch parses int64)")
-        empty = empty or n == 0
-        extent += (n - 1) * st
-    if not empty and (offset + extent) * itemsize > nbytes:
-        raise Decline("tensor view past the end of its storage")
-    return dtype
-
-
-def _is_empty_hooks(hooks: Any) -> bool:
-    return isinstance(hooks, _ODict) and not hooks and not hooks.__dict__

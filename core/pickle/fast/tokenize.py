@@ -26,13 +26,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ckptguard.core.limits import MAX_BUILD_STATE_KEYS
+from ckptguard.core.errors import Decline
+from ckptguard.core.limits import DEFAULT_LIMITS
 from ckptguard.core.pickle.renames import torch_map
-
-
-class Decline(Exception):
-    """A fast path cannot vouch for this input: use the exact interpreters."""
-
 
 _MAX_MEMO_INDEX_FLOOR = 1 << 20
 
@@ -219,11 +215,12 @@ _REWRITTEN = {("__ckptguard__", "list"): CheckedList, ("__ckptguard__", "dict"):
 class BuildLedger:
     """The BUILDs one load's stubs judged (`__setstate__` calls) and the keys checked."""
 
-    __slots__ = ("count", "keys")
+    __slots__ = ("count", "keys", "max_keys")
 
-    def __init__(self) -> None:
+    def __init__(self, max_keys: int) -> None:
         self.count = 0
         self.keys = 0
+        self.max_keys = max_keys   # Limits.max_build_state_keys: past it the exact path decides
 
     def judge(self, state: Any) -> None:
         """Decline unless `state` is what the fast paths may apply to an OrderedDict: a dict
@@ -233,7 +230,7 @@ class BuildLedger:
         if type(state) is not CheckedDict:
             raise Decline("BUILD on OrderedDict with a non-dict state")
         self.keys += len(state)
-        if self.keys > MAX_BUILD_STATE_KEYS:
+        if self.keys > self.max_keys:
             raise Decline("BUILD states with too many keys in all")
         if any(type(k) is not str or k.startswith("__") for k in state):
             raise Decline("BUILD on OrderedDict with a dunder or non-str key")
@@ -250,7 +247,7 @@ class StubUnpickler(pickle.Unpickler):
     calling read() for every opcode (halves the load time).
     """
 
-    def __init__(self, data: bytes, toks: Tokens) -> None:
+    def __init__(self, data: bytes, toks: Tokens, builds: BuildLedger | None = None) -> None:
         source = toks.rewritten if toks.rewritten is not None else data[:toks.end]
         stream = io.BufferedReader(io.BytesIO(source), buffer_size=max(len(source), 1))
         super().__init__(stream, fix_imports=False, encoding="utf-8")
@@ -261,7 +258,7 @@ class StubUnpickler(pickle.Unpickler):
         # every BUILD a stub's __setstate__ judged; the C unpickler runs BUILD on an object
         # without __setstate__ itself (a None state does nothing at all, a slot state sets
         # attributes), where torch refuses: such a BUILD must not pass unnoticed
-        self.builds = BuildLedger()
+        self.builds = builds if builds is not None else BuildLedger(DEFAULT_LIMITS.max_build_state_keys)
 
     def make_stub(self, module: str, name: str) -> Any:
         raise NotImplementedError

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from ckptguard.core.errors import Code
-from ckptguard.core.formats.export.archive import expr_is_plain
+from ckptguard.core.formats.export.expressions import expr_is_plain
 from ckptguard.core.formats.export.verifier import target_problem
 from ckptguard.core.io.source import BytesSource
 from ckptguard.core.report import Report
@@ -450,7 +450,7 @@ def test_expr_grammar_accepts_what_torch_writes(expr: str) -> None:
     ("s0; s1", None), ("2**99999999", None), ("x!", None), ("1.e5*s0 + s0[0]", None),
 ])
 def test_code_evidence(expr: str, evidence: str | None) -> None:
-    from ckptguard.core.formats.export.archive import _code_evidence
+    from ckptguard.core.formats.export.expressions import code_evidence as _code_evidence
 
     why = _code_evidence(expr)
     assert (why is None) if evidence is None else (why is not None and evidence in why)
@@ -459,7 +459,7 @@ def test_code_evidence(expr: str, evidence: str | None) -> None:
 def test_code_evidence_is_linear_on_huge_expressions() -> None:
     import time
 
-    from ckptguard.core.formats.export.archive import _code_evidence
+    from ckptguard.core.formats.export.expressions import code_evidence as _code_evidence
 
     start = time.perf_counter()
     assert _code_evidence("a" * 2_000_000 + " " * 2_000_000 + "x") is None

@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 from ckptguard.core.errors import Code
 from ckptguard.core.io.source import BytesSource
 from ckptguard.core.scan import scan_path, scan_source
+from tests.builders.pickle_asm import asm
 from tests.core.legacy.conftest import assert_same_outcome, legacy_bytes, stream
-from tests.pickle_asm import asm
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 

@@ -13,10 +13,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ckptguard.core.errors import Code
-from ckptguard.core.formats.torch_tar import TAR_ERROR, is_tar
+from ckptguard.core.formats.torch_tar import TAR_ERROR
 from ckptguard.core.scan import scan_path
+from ckptguard.core.sniff import is_tar
+from tests.builders.pickle_asm import asm
 from tests.core.legacy.conftest import assert_same_outcome
-from tests.pickle_asm import asm
 
 EVIL = asm(("PROTO", 2), ("GLOBAL", "os", "system"), ("BINUNICODE", "true"), "TUPLE1", "REDUCE",
            "STOP")
@@ -110,7 +111,7 @@ def test_long_name_header_chains(fmt: int) -> None:
         info = tarfile.TarInfo("p" * 150 + "/pickle")
         tar.addfile(info, io.BytesIO(b""))
     data = buf.getvalue()
-    from ckptguard.core.formats.torch_tar import tar_bytes_needed
+    from ckptguard.core.sniff import tar_bytes_needed
 
     assert tar_bytes_needed(data[:512]) > 512 and not is_tar(data[:512])
     assert is_tar(data[:tar_bytes_needed(data[:512])])

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from ckptguard.app.cli import main
-from tests.pickle_asm import asm
+from tests.builders.pickle_asm import asm
 
 torch = pytest.importorskip("torch")
 

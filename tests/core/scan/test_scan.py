@@ -10,7 +10,7 @@ import pytest
 from ckptguard.core.errors import Code, SourceError
 from ckptguard.core.io.source import BytesSource
 from ckptguard.core.scan import scan_path, scan_source
-from tests.pickle_asm import asm
+from tests.builders.pickle_asm import asm
 
 
 def _codes(report) -> set[str]:  # type: ignore[no-untyped-def]

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from ckptguard.core.errors import Code, Severity
 from ckptguard.core.threats.assess import Threat, classify_global, classify_path
-from tests.pickle_asm import asm
+from tests.builders.pickle_asm import asm
 
 
 @pytest.mark.parametrize(("module", "name", "code"), [

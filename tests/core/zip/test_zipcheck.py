@@ -8,8 +8,9 @@ import pytest
 
 from ckptguard.core.errors import Code
 from ckptguard.core.io.source import BytesSource, FileSource
+from ckptguard.core.limits import DEFAULT_LIMITS
 from ckptguard.core.state import Analysis
-from ckptguard.core.zip.checks import MAX_PER_CODE, check_archive, verify_crcs
+from ckptguard.core.zip.checks import check_archive, verify_crcs
 from ckptguard.core.zip.directory import read_directory, read_local_headers
 from tests.core.zip.conftest import TorchFile
 from tests.core.zip.zipbuild import Member, build_zip
@@ -207,8 +208,8 @@ def test_crc_mismatch_needs_a_full_read() -> None:
 
 
 def test_findings_are_capped_per_code() -> None:
-    ms = [*_ms(), *(Member(f"out{i}/x", b"") for i in range(MAX_PER_CODE + 30))]
+    ms = [*_ms(), *(Member(f"out{i}/x", b"") for i in range(DEFAULT_LIMITS.max_zip_findings_per_code + 30))]
     an = _findings(build_zip(ms))
     outside = [f for f in an.findings if f.code is Code.ZIP_NAME_OUTSIDE_PREFIX]
-    assert len(outside) == MAX_PER_CODE + 1
+    assert len(outside) == DEFAULT_LIMITS.max_zip_findings_per_code + 1
     assert outside[-1].message == f"... and 30 more {Code.ZIP_NAME_OUTSIDE_PREFIX} findings"

@@ -1,0 +1,324 @@
+"""torch 2.13's acceptance rules for what a weights-only load builds: one place, three forms.
+
+Every path that judges a checkpoint imports its rules from here: the exact interpreter
+(core.torch.weights_only + core.torch.callables, which word each refusal as torch does),
+the general fast path (core.judge over core.pickle.fast, which declines instead of
+wording), the column-wise lane (core.lane, the same rules over NumPy columns) and the
+manifest (core.manifest). A rule changed here changes every path at once.
+
+- modules torch blocks before it even looks at the allowlist;
+- persistent ids: the storage tuple, the storage class -> dtype, the restorable locations;
+- views: `Tensor.set_(storage, offset, size, stride)` bounds, int64 parsing, and
+  requires_grad only on floating/complex dtypes — exact (`check_view`, `set_args`,
+  `set_requires_grad`), scalar fast (`check_rebuild`) and column (`view_extents`) forms.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from itertools import chain
+from typing import Any
+
+import numpy as np
+
+from ckptguard.core.errors import Decline
+from ckptguard.core.pickle.fast.stubs import OrderedDictStub
+from ckptguard.core.pickle.fast.tokenize import CheckedDict
+from ckptguard.core.pickle.opcodes import BY_NAME
+from ckptguard.core.torch.dtypes import FLOATING, ITEMSIZE, PACKED_PER_BYTE, UNTYPED_STORAGES, storage_dtype
+from ckptguard.core.values import Call, Global, PersId
+
+# torch's weights-only unpickler refuses these modules before the allowlist (and so
+# whatever add_safe_globals says)
+BLOCKED_MODULES: frozenset[str] = frozenset(("sys", "os", "posix", "nt"))
+
+# torch 2.13 torch/_weights_only_unpickler.py `Unpickler.load` (FORMATS.md §3.4): every
+# other opcode fails with "Unsupported operand {byte}".
+TORCH_ACCEPTED: frozenset[str] = frozenset({
+    "PROTO", "STOP", "GLOBAL", "NEWOBJ", "REDUCE", "BUILD", "APPEND", "APPENDS", "SETITEM",
+    "SETITEMS", "MARK", "TUPLE", "TUPLE1", "TUPLE2", "TUPLE3", "NONE", "NEWFALSE", "NEWTRUE",
+    "EMPTY_TUPLE", "EMPTY_LIST", "EMPTY_DICT", "EMPTY_SET", "BININT", "BININT1", "BININT2",
+    "BINFLOAT", "BINUNICODE", "SHORT_BINSTRING", "BINPERSID", "BINGET", "LONG_BINGET",
+    "BINPUT", "LONG_BINPUT", "LONG1",
+})
+# the same set as opcode bytes, derived from the one opcode table
+TORCH_ACCEPTED_CODES: frozenset[int] = frozenset(BY_NAME[name].code for name in TORCH_ACCEPTED)
+
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1   # what torch's argument parser unpacks
+INT64_SAFE = 1 << 62   # ints below this are exact through every product we form
+# the lane's columns: sizes/strides below this keep every sum inside int64; more dims decline
+MAX_COLUMN_EXTENT = 1 << 28
+MAX_COLUMN_DIMS = 64
+
+
+# --- persistent ids and storage classes -------------------------------------------------
+
+_RESTORABLE = re.compile(r"cpu|mps|cuda(:[0-9]{1,3})?")
+
+
+def restorable(location: str) -> bool:
+    """A storage location torch restores (cpu, mps, cuda[:N]): assumed present on the
+    loading host (module docstring)."""
+    return _RESTORABLE.fullmatch(location) is not None
+
+
+def storage_class_dtype(module: str, name: str) -> str | None:
+    """The element dtype of a storage class global (`torch.FloatStorage` -> float32), with
+    `UntypedStorage` as uint8 (its numel counts bytes, FORMATS.md §8.1); None otherwise."""
+    if (module, name) in UNTYPED_STORAGES:
+        return "uint8"
+    return storage_dtype(module, name)
+
+
+def storage_itemsize(storage_type: Any, rename: Callable[[str, str], tuple[str, str]]) -> int:
+    """Bytes per element of a storage class value as a legacy/zip reader counts a record
+    (after the reader's own global `rename`); 1 for anything else (UntypedStorage: bytes)."""
+    if not isinstance(storage_type, Global):
+        return 1
+    dtype = storage_dtype(*rename(storage_type.module, storage_type.name))
+    return ITEMSIZE[dtype] if dtype else 1
+
+
+def check_storage_pid(pid: tuple[Any, ...]) -> tuple[Global, str, str, int, str]:
+    """torch `_load.persistent_load`, zip flavour (FORMATS.md §2.2), narrowly: (storage type,
+    key, location, numel, dtype), or Decline for anything the exact path must word."""
+    if len(pid) != 5 or pid[0] not in ("storage", b"storage"):
+        raise Decline("persistent id is not a 5-field storage tuple")
+    st, key, location, numel = pid[1:]
+    if (type(st) is not Global or type(key) is not str or type(location) is not str
+            or type(numel) is not int or numel < 0 or not restorable(location)):
+        raise Decline("unusual storage persistent id")
+    # only torch.storage.UntypedStorage: `torch.UntypedStorage` is not allowlisted by that name
+    dtype = "uint8" if st.full == "torch.storage.UntypedStorage" else storage_dtype(st.module, st.name)
+    if dtype is None:
+        raise Decline(f"storage type {st.full}")
+    return st, key, location, numel, dtype
+
+
+def lane_storage_dtype(st: Any) -> str:
+    """A storage class stub's dtype for the lane, which models no packed (sub-byte) dtypes."""
+    dtype = storage_class_dtype(st[0], st[1])
+    if dtype is None or dtype in PACKED_PER_BYTE:
+        raise Decline(f"storage type {st.full}")
+    return dtype
+
+
+# --- views: Tensor.set_ on a storage (FORMATS.md §2.4, §2.6) ----------------------------
+
+# the setter `tensor.requires_grad = True` (_rebuild_tensor_v2) words it this way
+NO_GRAD_SETTER = "only Tensors of floating point and complex dtype can require gradients"
+
+
+class Fail(Exception):
+    """torch would raise `type(message)` here (or: we did not model what it would do)."""
+
+    def __init__(self, type_: str, message: str) -> None:
+        super().__init__(type_, message)
+        self.type = type_
+        self.message = message
+
+
+def unmodelled(what: str) -> Fail:
+    return Fail("Unmodelled", f"not modelled: {what}")
+
+
+@dataclass(frozen=True, slots=True)
+class StorageInfo:
+    """What torch's persistent_load returned: a TypedStorage of `dtype` over `nbytes` bytes."""
+
+    key: str
+    dtype: str
+    nbytes: int
+    resizable: bool = False   # legacy loads allocate fresh (resizable) storages
+
+
+# how an interpreter resolves a value to the storage behind it (None: not a storage)
+StorageOf = Callable[[Any], StorageInfo | None]
+
+
+def is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def int_seq(v: Any) -> tuple[int, ...] | None:
+    """A size/stride argument that set_() accepts (tuple/list/torch.Size of ints), else None."""
+    if isinstance(v, Call) and v.attrs.get("type") == "torch.Size":
+        seq = v.attrs.get("value")
+        return seq if isinstance(seq, tuple) else None
+    if isinstance(v, (tuple, list)) and all(is_int(x) and abs(x) < INT64_SAFE for x in v):
+        return tuple(v)
+    return None
+
+
+def set_args(offset: Any, size: Any, stride: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """`Tensor.set_`'s argument parsing: (size, stride); Unmodelled unless plain ints."""
+    # torch's argument parser unpacks stride before size (measured), then the offset
+    for what, values in (("stride", stride), ("size", size)):
+        if isinstance(values, (tuple, list)) and all(map(is_int, values)):
+            for pos, v in enumerate(values, 1):
+                if not -(1 << 63) <= v < 1 << 63:
+                    raise Fail("TypeError", f"set_(): argument '{what}' failed to unpack the object "
+                               f'at pos {pos} with error "Overflow when unpacking long long')
+    if is_int(offset) and not -(1 << 63) <= offset < 1 << 63:
+        raise Fail("ValueError", "Overflow when unpacking long long")
+    shape, strides = int_seq(size), int_seq(stride)
+    if not is_int(offset) or shape is None or strides is None or abs(offset) >= INT64_SAFE:
+        raise unmodelled("set_() with a non-int offset or size/stride that is not a sequence of ints")
+    return shape, strides
+
+
+def check_view(st: StorageInfo, itemsize: int, offset: Any, size: Any, stride: Any, *,
+                quantized: bool = False) -> tuple[int, ...]:
+    """`Tensor.set_(storage, offset, size, stride)` on a non-resizable storage (FORMATS.md §2.6)."""
+    shape, strides = set_args(offset, size, stride)
+    if not strides and shape:
+        # an empty stride means "not given": set_ uses contiguous strides (measured)
+        acc, rev = 1, []
+        for dim in reversed(shape):
+            rev.append(acc)
+            acc *= max(dim, 1)
+        strides = tuple(reversed(rev))
+    if len(shape) != len(strides):
+        raise Fail("RuntimeError", f"unequal size length ({len(shape)}) and stride length ({len(strides)})")
+    if offset < 0:
+        raise Fail("RuntimeError", f"Tensor: invalid storage offset {offset}")
+    if any(s < 0 for s in shape):
+        raise unmodelled("negative size")
+    numel = 1
+    for s in shape:
+        numel *= s
+        if numel >= INT64_SAFE:  # stop before the product becomes a huge int
+            break
+    if numel >= INT64_SAFE:
+        raise unmodelled("element count near int64 overflow")
+    if numel == 0:
+        return shape
+    if any(s < 0 for s in strides):
+        raise Fail("RuntimeError", f"Storage size calculation overflowed with sizes={list(shape)} and "
+                   f"strides={list(strides)}")
+    extent = offset + 1 + sum((s - 1) * d for s, d in zip(shape, strides, strict=True))
+    if extent * itemsize >= INT64_SAFE:
+        raise unmodelled("storage extent near int64 overflow")
+    # sub-byte quantized dtypes pack several elements per byte: the bytes needed round up
+    # (measured with torch 2.13: quint4x2 needs ceil(elements / 2), quint2x4 ceil(elements / 4))
+    per_byte = PACKED_PER_BYTE.get(st.dtype, 1) if quantized else 1
+    needed = -(-extent // per_byte) if per_byte > 1 else extent * itemsize
+    if needed > st.nbytes:
+        if st.resizable:
+            raise unmodelled("view past the end of a resizable (legacy) storage")
+        if quantized:  # QTensorImpl's set_storage checks bounds itself
+            raise Fail("RuntimeError", f"setStorage: sizes {int_list_text(shape)}, strides "
+                       f"{int_list_text(strides)}, storage offset {offset}, and itemsize {itemsize} "
+                       f"requiring a storage size of {needed} are out of bounds for storage of size "
+                       f"{st.nbytes}")
+        raise Fail("RuntimeError", "Trying to resize storage that is not resizable")
+    return shape
+
+
+def int_list_text(values: tuple[int, ...]) -> str:
+    return "[" + ", ".join(map(str, values)) + "]"
+
+
+def set_requires_grad(rg: Any, dtype: str) -> bool:
+    """`tensor.requires_grad = rg` (in _rebuild_tensor_v2)."""
+    if not isinstance(rg, bool):
+        raise Fail("RuntimeError", "requires_grad must be a bool")
+    if rg and not may_require_grad(dtype):
+        raise Fail("RuntimeError", NO_GRAD_SETTER)
+    return rg
+
+
+def may_require_grad(dtype: str | None) -> bool:
+    """torch: only tensors of floating point and complex dtype can require gradients."""
+    return dtype in FLOATING
+
+
+# --- the fast forms: Decline instead of torch's words -----------------------------------
+
+def check_rebuild(full: str, args: tuple[Any, ...],
+                  storage_info: Callable[[PersId], tuple[str, int] | None]) -> str | None:
+    """Decline unless torch's rebuild function would accept `args` without complaint.
+
+    `storage_info(persid) -> (dtype, nbytes)` describes a storage. The rules are torch's
+    (`_rebuild_tensor` -> `Tensor.set_`, FORMATS.md §2.4, §2.6), kept deliberately narrow:
+    anything outside them is left to the exact interpreter.
+    """
+    if full == "torch._utils._rebuild_parameter":
+        if (len(args) != 3 or type(args[0]) is not Call or type(args[1]) is not bool
+                or not is_empty_hooks(args[2])):
+            raise Decline("unusual _rebuild_parameter arguments")
+        inner: str | None = args[0].attrs.get("dtype")
+        if args[1] and not may_require_grad(inner):
+            raise Decline("requires_grad on a non-floating tensor")
+        return inner
+    if full == "torch._utils._rebuild_tensor_v2":
+        if len(args) not in (6, 7):
+            raise Decline("_rebuild_tensor_v2 arity")
+        dtype = None
+    else:  # _rebuild_tensor_v3
+        if len(args) not in (7, 8) or type(args[6]) is not Global or args[6].module != "torch":
+            raise Decline("_rebuild_tensor_v3 arguments")
+        dtype = args[6].name
+    storage, offset, size, stride, requires_grad, hooks = args[:6]
+    metadata = args[7 if dtype else 6] if len(args) > (7 if dtype else 6) else None
+    info = storage_info(storage) if type(storage) is PersId else None
+    if info is None:
+        raise Decline("tensor storage is not a storage")
+    storage_dtype, nbytes = info
+    if dtype is None:
+        dtype = storage_dtype
+    itemsize = ITEMSIZE.get(dtype)
+    if (itemsize is None or type(offset) is not int or offset < 0
+            or type(size) is not tuple or type(stride) is not tuple or len(size) != len(stride)
+            or type(requires_grad) is not bool or not is_empty_hooks(hooks)
+            or not (metadata is None or (type(metadata) is CheckedDict and not metadata))):
+        raise Decline("unusual tensor arguments")
+    if requires_grad and (not may_require_grad(dtype) or full.endswith("_v3")):
+        # _rebuild_tensor_v3 with requires_grad never loads (torch.empty(requires_grad=True)
+        # then set_() on a leaf that requires grad: RuntimeError)
+        raise Decline("requires_grad on a non-floating tensor, or in _rebuild_tensor_v3")
+    if offset >= INT64_SAFE:
+        raise Decline("a storage offset near int64 overflow")
+    extent = 1
+    empty = False
+    for n, st in zip(size, stride, strict=True):   # every dim, also after a zero one
+        if type(n) is not int or type(st) is not int or not (
+                0 <= n < INT64_SAFE and 0 <= st < INT64_SAFE):
+            raise Decline("negative, huge or non-integer size/stride (torch parses int64)")
+        empty = empty or n == 0
+        extent += (n - 1) * st
+    if not empty and (offset + extent) * itemsize > nbytes:
+        raise Decline("tensor view past the end of its storage")
+    return dtype
+
+
+def is_empty_hooks(hooks: Any) -> bool:
+    return isinstance(hooks, OrderedDictStub) and not hooks and not hooks.__dict__
+
+
+def all_of_type(values: Any, kind: type) -> bool:
+    return set(map(type, values)) <= {kind}
+
+
+def view_extents(sizes: Any, strides: Any) -> tuple[Any, Any]:
+    """(1 + sum((n - 1) * stride), numel == 0) per tensor, in int64 without overflow."""
+    count = len(sizes)
+    flat_n = list(chain.from_iterable(sizes))
+    flat_s = list(chain.from_iterable(strides))
+    if not (all_of_type(flat_n, int) and all_of_type(flat_s, int)):
+        raise Decline("non-integer size or stride")
+    n = np.array(flat_n, dtype=np.int64) if flat_n else np.zeros(0, np.int64)
+    s = np.array(flat_s, dtype=np.int64) if flat_s else np.zeros(0, np.int64)
+    if len(n) and ((n < 0).any() or (s < 0).any() or n.max() >= MAX_COLUMN_EXTENT
+                   or s.max() >= MAX_COLUMN_EXTENT):
+        raise Decline("negative or huge size/stride")
+    dims = np.fromiter(map(len, sizes), dtype=np.int64, count=count)
+    if count and dims.max() > MAX_COLUMN_DIMS:
+        raise Decline("too many dimensions")
+    ends = np.cumsum(dims)
+    starts = ends - dims
+    terms = np.concatenate(([0], np.cumsum((n - 1) * s)))
+    zeros = np.concatenate(([0], np.cumsum(n == 0)))
+    return 1 + terms[ends] - terms[starts], (zeros[ends] - zeros[starts]) > 0

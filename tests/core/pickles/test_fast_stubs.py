@@ -1,0 +1,156 @@
+"""The fast path vouches only for what torch's restricted unpickler would load, never
+runs anything, and declines everything else."""
+
+from __future__ import annotations
+
+import pickle
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ckptguard.core.errors import Decline
+from ckptguard.core.pickle.fast.stubs import fast_load, tokenize
+from ckptguard.core.torch.rules import check_rebuild
+from ckptguard.core.values import Call, Global, PersId
+from tests.builders.pickle_asm import asm
+from tests.engine import needs_sound_re
+
+pytestmark = needs_sound_re
+
+ALLOWED = frozenset({"collections.OrderedDict", "torch._utils._rebuild_tensor_v2",
+                     "torch._utils._rebuild_parameter", "torch.FloatStorage", "torch.float32",
+                     "torch._utils._rebuild_tensor_v3", "torch.storage.UntypedStorage"})
+
+
+def _ok_pid(pid: tuple[Any, ...]) -> None:
+    if len(pid) != 5 or pid[0] != "storage" or type(pid[1]) is not Global:
+        raise Decline("pid")
+
+
+def _info(p: PersId) -> tuple[str, int]:
+    return ("float32", p.pid[4] * 4)
+
+
+def _load(data: bytes, allowed: frozenset[str] = ALLOWED) -> Any:
+    return fast_load(data, allowed=allowed.__contains__, check_pid=_ok_pid,
+                     check_call=lambda f, a: check_rebuild(f, a, _info))
+
+
+def _tensor_pickle(*, size: tuple[int, ...] = (2,), stride: tuple[int, ...] = (1,),
+                   offset: int = 0, numel: int = 2, requires_grad: bool = False) -> bytes:
+    dims = [("BININT1", n) for n in size]
+    strides = [("BININT1", n) for n in stride]
+    return asm(
+        ("PROTO", 2), ("GLOBAL", "collections", "OrderedDict"), "EMPTY_TUPLE", "REDUCE",
+        ("BINPUT", 0), "MARK", ("BINUNICODE", "w"),
+        ("GLOBAL", "torch._utils", "_rebuild_tensor_v2"), "MARK",
+        "MARK", ("BINUNICODE", "storage"), ("GLOBAL", "torch", "FloatStorage"),
+        ("BINUNICODE", "0"), ("BINUNICODE", "cpu"), ("BININT1", numel), "TUPLE", "BINPERSID",
+        ("BININT1", offset), "MARK", *dims, "TUPLE", "MARK", *strides, "TUPLE",
+        "NEWTRUE" if requires_grad else "NEWFALSE",
+        ("GLOBAL", "collections", "OrderedDict"), "EMPTY_TUPLE", "REDUCE",
+        "TUPLE", "REDUCE", "SETITEMS", "STOP")
+
+
+def test_clean_state_dict_pickle_builds_the_graph() -> None:
+    result = _load(_tensor_pickle())
+    (name, call), = result.root.items()
+    assert name == "w" and isinstance(call, Call)
+    assert call.func == Global("torch._utils", "_rebuild_tensor_v2")
+    storage = call.args[0]
+    assert isinstance(storage, PersId)
+    assert storage.pid == ("storage", Global("torch", "FloatStorage"), "0", "cpu", 2)
+    assert [g[:2] for g in result.tokens.globals] == [
+        ("collections", "OrderedDict"), ("torch._utils", "_rebuild_tensor_v2"),
+        ("torch", "FloatStorage"), ("collections", "OrderedDict")]
+    assert result.persids == [storage]
+
+
+@pytest.mark.parametrize("opname,item", [
+    ("STACK_GLOBAL", ("RAW", b"\x93")), ("MEMOIZE", "MEMOIZE"), ("FRAME", ("FRAME", 4)),
+    ("INT", ("INT", 5)), ("DICT", ("RAW", b"(d")), ("BINBYTES", ("BINBYTES", b"x")),
+    ("SHORT_BINUNICODE", ("SHORT_BINUNICODE", "x")), ("EXT1", ("EXT1", 1)),
+    ("POP", "POP"), ("DUP", "DUP"), ("LIST", ("RAW", b"(l")),
+])
+def test_opcodes_torch_refuses_are_declined(opname: str, item: Any) -> None:
+    data = asm(("PROTO", 2), "EMPTY_DICT", item, "STOP")
+    with pytest.raises(Decline):
+        tokenize(data, ALLOWED.__contains__)
+
+
+def test_unlisted_global_is_declined_before_any_unpickling(tmp_path: Path) -> None:
+    canary = tmp_path / "pwned"
+    data = asm(("PROTO", 2), ("GLOBAL", "os", "system"), ("BINUNICODE", f"touch {canary}"),
+               "TUPLE1", "REDUCE", "STOP")
+    with pytest.raises(Decline, match=r"os\.system"):
+        _load(data)
+    assert not canary.exists()
+
+
+def test_even_an_allowed_dangerous_global_is_only_a_stub(tmp_path: Path) -> None:
+    """find_class never returns a real object: calling the stub declines."""
+    canary = tmp_path / "pwned"
+    data = asm(("PROTO", 2), ("GLOBAL", "os", "system"), ("BINUNICODE", f"touch {canary}"),
+               "TUPLE1", "REDUCE", "STOP")
+    with pytest.raises(Decline, match=r"call of os\.system"):
+        fast_load(data, allowed=lambda full: True, check_pid=_ok_pid)
+    assert not canary.exists()
+
+
+def test_setitem_on_a_list_is_declined() -> None:
+    # torch: "Can only SETITEM for dict, collections.OrderedDict, collections.Counter"
+    data = asm(("PROTO", 2), "EMPTY_LIST", "MARK", ("BININT1", 1), "APPENDS",
+               ("BININT1", 0), ("BININT1", 7), "SETITEM", "STOP")
+    assert pickle.loads(data) == [7]  # the C unpickler alone would accept it
+    with pytest.raises(Decline):
+        _load(data)
+
+
+def test_lists_still_load_through_the_rewrite() -> None:
+    data = asm(("PROTO", 2), "EMPTY_LIST", ("BINPUT", 0), "MARK", ("BININT1", 1),
+               ("BININT1", 2), "APPENDS", ("BINGET", 0), "TUPLE2", "STOP")
+    root = _load(data).root
+    assert root == ([1, 2], [1, 2]) and root[0] is root[1]
+
+
+def test_huge_memo_index_costs_nothing() -> None:
+    data = asm(("PROTO", 2), "NONE", ("LONG_BINPUT", 0xFFFFFFF0), "STOP")
+    with pytest.raises(Decline, match="memo"):
+        _load(data)
+
+
+@pytest.mark.parametrize("kwargs", [
+    {"size": (3,), "numel": 2},                 # view past the storage
+    {"offset": 1, "numel": 2},                  # offset pushes it past
+    {"size": (2, 2), "stride": (2,)},           # size/stride length mismatch
+])
+def test_tensor_arguments_torch_rejects_are_declined(kwargs: dict[str, Any]) -> None:
+    with pytest.raises(Decline):
+        _load(_tensor_pickle(**kwargs))
+
+
+def test_zero_numel_allows_any_offset() -> None:
+    _load(_tensor_pickle(size=(0,), offset=9))
+
+
+def test_truncated_pickle_is_declined() -> None:
+    data = _tensor_pickle()
+    for cut in (1, 5, len(data) // 2, len(data) - 1):
+        with pytest.raises(Decline):
+            _load(data[:cut])
+
+
+@pytest.mark.torch
+def test_real_torch_state_dict_loads_fast(tmp_path: Path) -> None:
+    torch = pytest.importorskip("torch")
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+    path = tmp_path / "m.pt"
+    torch.save(model.state_dict(), path)
+    data = zipfile.ZipFile(path).read("m/data.pkl")
+    result = _load(data, ALLOWED)
+    assert set(result.root) == {"0.weight", "0.bias", "2.weight", "2.bias"}
+    assert result.root.__dict__["_metadata"][""]["version"] == 1  # BUILD applied like torch
+    assert [p.pid[2] for p in result.persids] == ["0", "1", "2", "3"]
+    assert result.tokens.end == len(data)
