@@ -189,6 +189,11 @@ class Jobs:
 
     def _run(self, worker: _Worker, job: Job) -> tuple[Outcome | CkptError, _Worker]:
         _await_ready(worker)
+        if not worker.process.is_alive():
+            # it died while idle (killed, OOM-reaped): the job never started on it, so it
+            # runs on a fresh worker instead of being reported as the crash of an innocent scan
+            worker = self._retire(worker, "WORKER_CRASHED")
+            _await_ready(worker)
         started = time.perf_counter()
         try:
             worker.conn.send(job)

@@ -133,4 +133,4 @@ def serve(host: str | None = None, port: int | None = None) -> None:
     uvicorn.run(create_app(settings), host=host or settings.host,
                 port=settings.port if port is None else port,
                 log_level=settings.log_level.lower(), access_log=False,
-                timeout_graceful_shutdown=10)
+                timeout_graceful_shutdown=10, server_header=False)   # no "server: uvicorn"

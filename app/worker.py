@@ -12,6 +12,7 @@ This module imports no web framework: a worker stays small.
 from __future__ import annotations
 
 import os
+import pickle
 import resource
 import signal
 import time
@@ -72,7 +73,7 @@ def _run_hook(hook: Hook, limits: WorkerLimits) -> None:
 
 
 def _scan(job: Job, limits: WorkerLimits) -> Reply:
-    from ckptguard.core.errors import CkptError, Code
+    from ckptguard.core.errors import CkptError, Code, SourceError
     from ckptguard.core.report import SourceInfo
     from ckptguard.core.scan import scan_path
     from ckptguard.core.state import ScanOptions
@@ -89,6 +90,10 @@ def _scan(job: Job, limits: WorkerLimits) -> Reply:
             report = scan_path(job.path, options=options, info=SourceInfo(**job.info))
     except CkptError as exc:
         return ("error", exc, False)
+    except Exception as exc:
+        # e.g. a URL or header the HTTP client refuses: the source could not be read
+        return ("error", SourceError(Code.INTERNAL_ERROR, f"{type(exc).__name__} while opening "
+                                     "the source"), True)
     # After a MemoryError the heap may be fragmented: let the pool replace this worker.
     recycle = any(f.code is Code.RESOURCE_LIMIT for f in report.findings)
     return ("ok", report.to_json(), recycle)
@@ -118,6 +123,13 @@ def main(conn: Connection, limits: WorkerLimits) -> None:
             conn.send(reply)
         except MemoryError:
             conn.send(("memory", None, True))
+            return
+        except (RecursionError, ValueError, TypeError, AttributeError, pickle.PicklingError):
+            # the reply could not be pickled (nothing was written yet): a bounded answer instead
+            from ckptguard.core.errors import Code, SourceError
+
+            conn.send(("error", SourceError(Code.INTERNAL_ERROR, "the report could not be sent "
+                                            "back from the scan worker"), True))
             return
         if reply[2]:
             return

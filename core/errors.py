@@ -60,6 +60,7 @@ class Code(StrEnum):
     SOURCE_HTTP = "SOURCE_HTTP", _H, _X, "an HTTP range request failed or was answered wrongly"
     SOURCE_CHANGED = "SOURCE_CHANGED", _H, _X, "the remote file changed between range requests"
     SOURCE_URL_REFUSED = "SOURCE_URL_REFUSED", _H, _X, "the URL or a redirect target is not allowed"
+    SOURCE_BAD_REQUEST = "SOURCE_BAD_REQUEST", _H, _X, "the URL or a request header is malformed"
 
     # --- format detection -------------------------------------------------------------
     FORMAT_UNKNOWN = "FORMAT_UNKNOWN", _M, _S, "the content matches no known checkpoint format"

@@ -4,13 +4,17 @@ Strategy: the route stays thin. It checks the URL with the service's guard first
 refused URL never reaches a worker), then runs `core.loader.scan_url` in the service's
 scan pool when app/jobs.py offers a URL entry point (`jobs.scan_url(url, headers, guard)`
 returning the report JSON), else in a thread. A source error becomes problem+json:
-403 SOURCE_URL_REFUSED for SSRF refusals, 400 for a malformed/non-http URL,
+403 SOURCE_URL_REFUSED for SSRF refusals, 400 for a malformed/non-http URL or a header that
+is not plain ASCII credentials (SOURCE_BAD_REQUEST: checked here, before a worker sees it),
 502 for an upstream that answers wrongly (SOURCE_HTTP, SOURCE_CHANGED, SOURCE_SHORT_READ).
+Refusals and upstream failures are generic to the client (what a name resolves to, or
+whether a port is open, is not the caller's to learn); the details go to the log.
 A malicious file is not an error: 200 with verdict unsafe.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Request
@@ -22,9 +26,11 @@ from ckptguard.app.pipeline import queue_full
 from ckptguard.app.problems import AppError
 from ckptguard.app.ssrf import guard_from_settings
 from ckptguard.core.errors import Code, LimitExceeded, SourceError
+from ckptguard.core.io.http import check_request
 from ckptguard.core.io.urlguard import UrlGuard
 from ckptguard.core.state import ScanOptions
 
+log = logging.getLogger("ckptguard.remote")
 router = APIRouter()
 
 MAX_HEADERS = 32
@@ -49,10 +55,18 @@ def _options(request: Request) -> ScanOptions:
 
 
 def _problem_for(exc: SourceError) -> AppError:
+    if exc.code is Code.SOURCE_BAD_REQUEST:
+        return AppError(str(exc.code), 400, exc.message)   # about the caller's own input
     if exc.code is Code.SOURCE_URL_REFUSED:
         malformed = exc.message.startswith(("scheme", "malformed", "URL has no host", "port 0"))
-        return AppError(str(exc.code), 400 if malformed else 403, exc.message)
-    return AppError(str(exc.code), 502, exc.message)
+        if malformed:
+            return AppError(str(exc.code), 400, exc.message)
+        log.info("url refused: %s", exc.message)
+        return AppError(str(exc.code), 403, "the URL or a redirect target is not allowed by this "
+                        "service's URL policy (public addresses only)")
+    log.info("upstream failed: %s: %s", exc.code, exc.message)
+    return AppError(str(exc.code), 502, "the upstream server could not be read as a checkpoint "
+                    "(see the service log)")
 
 
 def _scan_sync(url: str, headers: dict[str, str] | None, guard: UrlGuard,
@@ -67,11 +81,12 @@ async def scan_url(body: ScanUrlRequest, request: Request) -> dict[str, Any]:
     guard = _guard(request)
     try:
         guard.check_url(body.url)
+        headers = check_request(body.url, body.headers) or None
         jobs = getattr(request.app.state, "jobs", None)
         if jobs is not None and hasattr(jobs, "scan_url"):
-            report: dict[str, Any] = await jobs.scan_url(body.url, body.headers, guard, wait=False)
+            report: dict[str, Any] = await jobs.scan_url(body.url, headers, guard, wait=False)
         else:
-            report = await run_in_threadpool(_scan_sync, body.url, body.headers, guard,
+            report = await run_in_threadpool(_scan_sync, body.url, headers, guard,
                                              _options(request))
     except SourceError as exc:
         raise _problem_for(exc) from exc

@@ -71,6 +71,43 @@ USER_AGENT = "ckptguard-http-source"
 _UNSATISFIED_RANGE = re.compile(r"^\s*bytes\s+\*/(\d+)\s*$", re.IGNORECASE)
 
 
+# --- what a caller may ask for --------------------------------------------------------------
+
+_HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]{1,128}")
+_HEADER_VALUE = re.compile(r"[\t\x20-\x7e]{0,8192}")
+# Only credentials travel upstream: Authorization, Cookie and custom X- headers (X-Api-Key).
+# Host, framing (Content-Length, Transfer-Encoding), Range/If-Range and the rest are ours to
+# set: a caller's copy would smuggle a request or change which bytes we judge.
+_FORWARDED = frozenset({"authorization", "cookie"})
+_NOT_FORWARDED_X = ("x-forwarded-", "x-real-ip", "x-original-", "x-http-method")
+
+
+def check_request(url: str, headers: Mapping[str, str] | None) -> dict[str, str]:
+    """The caller's headers, if the URL and every header are ones this source can send.
+
+    Raises SourceError(SOURCE_BAD_REQUEST) for a URL the HTTP client cannot parse (octal or
+    non-ASCII digits in a host, bad IDNA, a bad port) and for a header that is not
+    credentials or is not plain ASCII. Pure parsing: no DNS, no connection.
+    """
+    try:
+        parsed = httpx.URL(url)
+        parsed.host.encode("ascii")
+    except (httpx.InvalidURL, UnicodeError, ValueError, TypeError) as exc:
+        raise SourceError(Code.SOURCE_BAD_REQUEST, f"malformed URL: {str(exc)[:200]}") from exc
+    out: dict[str, str] = {}
+    for name, value in (headers or {}).items():
+        if not isinstance(name, str) or not isinstance(value, str) \
+                or not _HEADER_NAME.fullmatch(name) or not _HEADER_VALUE.fullmatch(value):
+            raise SourceError(Code.SOURCE_BAD_REQUEST, f"header {str(name)[:64]!r} is not a plain "
+                              "ASCII header name and value")
+        low = name.lower()
+        if low not in _FORWARDED and not (low.startswith("x-") and not low.startswith(_NOT_FORWARDED_X)):
+            raise SourceError(Code.SOURCE_BAD_REQUEST, f"header {name!r} is not forwarded: only "
+                              "Authorization, Cookie and X- headers reach the upstream server")
+        out[name] = value
+    return out
+
+
 class _Transient(Exception):
     """A failure worth retrying; `code` is what it becomes when retries run out."""
 
@@ -171,7 +208,7 @@ class HttpSource:
         self._guard = guard if guard is not None else UrlGuard.permissive()
         self._guard.check_url(url)
         self._origin = origin_of(url)
-        self._user_headers = dict(headers or {})
+        self._user_headers = check_request(url, headers)
         self._limits = limits
         # Limits.max_bytes_read caps what a scan may read; a loader lifts it (None) after the scan
         self.budget: int | None = limits.max_bytes_read
@@ -445,6 +482,7 @@ class HttpSource:
         url = start
         for _hop in range(self._max_redirects + 1):
             self._guard.check_url(url)
+            check_request(url, None)   # a redirect to a URL the client cannot parse
             with self._client.stream("GET", url, headers=self._headers_for(url, want)) as resp:
                 with self._lock:
                     self.stats.requests += 1

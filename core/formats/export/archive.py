@@ -146,13 +146,34 @@ def _set_weights_only(an: Analysis) -> None:
         an.weights_only = WeightsOnly(loadable=True, unsafe_globals=unsafe)
 
 
+# Nesting a report value may keep: 500 nested lists are 1 KB of JSON, but pickling them to
+# send the report from a worker process exhausts the interpreter's recursion limit.
+_SUMMARY_DEPTH = 16
+
+
 def _small(value: Any, max_json: int) -> Any:
-    """`value` for the report if its JSON is small, else a note (the report stays bounded)."""
+    """`value` for the report if its JSON is small and shallow, else a note (the report stays
+    bounded, and serialisable by json and pickle alike)."""
     try:
         text = json.dumps(value)
     except (ValueError, RecursionError):
         return "<unserializable>"
-    return value if len(text) <= max_json else f"<{len(text)} bytes of JSON omitted>"
+    if len(text) > max_json:
+        return f"<{len(text)} bytes of JSON omitted>"
+    if _depth(value) > _SUMMARY_DEPTH:
+        return f"<JSON nested more than {_SUMMARY_DEPTH} levels omitted>"
+    return value
+
+
+def _depth(value: Any) -> int:
+    """How deeply lists and dicts nest in a JSON value (iterative: no recursion limit)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        node, level = stack.pop()
+        if isinstance(node, (list, dict)):
+            deepest = max(deepest, level)
+            stack.extend((child, level + 1) for child in (node.values() if isinstance(node, dict) else node))
+    return deepest
 
 
 def _obj(value: Any) -> dict[str, Any]:
