@@ -21,6 +21,10 @@ class Limits:
     max_tensors: int = 5_000_000
     max_manifest_dims: int = 16_000_000          # shape, stride and path items over all tensors
     max_bytes_read: int = 1024 * 1024 * 1024     # what a scan may read (not the file size)
+    # a remote body slower than this on average, once the grace period has passed, is cut:
+    # a server trickling one byte every few seconds never trips a per-read timeout
+    min_transfer_rate: int = 64 * 1024            # bytes per second
+    transfer_grace_seconds: float = 30.0
     max_header_bytes: int = 100_000_000          # safetensors' own cap
     max_npy_header_bytes: int = 10_000           # numpy's default cap
     max_npy_headers_total: int = 2 * 1024 * 1024  # all .npy headers of one .npz together

@@ -61,7 +61,6 @@ DEFAULT_HEAD_BYTES = 64 * 1024
 DEFAULT_TAIL_BYTES = 68 * 1024   # >= the 69,584 bytes miniz's EOCD scan can reach (core.zip.directory)
 DEFAULT_COALESCE_GAP = 64 * 1024
 CACHE_SPAN_LIMIT = 16 * 1024 * 1024   # larger reads (whole tensors) bypass the cache
-CHUNK = 64 * 1024
 MULTI_RANGE_HEADER_MAX = 4000       # bytes of one Range header listing several ranges
 MULTI_PART_OVERHEAD = 256            # allowance per multipart part (boundary + part headers)
 REDIRECTS = frozenset({301, 302, 303, 307, 308})
@@ -644,8 +643,16 @@ class HttpSource:
         got = received = 0
         if nbytes == 0:
             return b""
+        started = time.monotonic()
+        grace, min_rate = self._limits.transfer_grace_seconds, self._limits.min_transfer_rate
         for chunk in _iter_raw(resp):
             received += len(chunk)
+            elapsed = time.monotonic() - started
+            if elapsed > grace and received < min_rate * elapsed:
+                with self._lock:
+                    self.stats.bytes_read += received
+                raise SourceError(Code.SOURCE_HTTP, f"the server sent {received} bytes in "
+                                  f"{elapsed:.0f} s, below the minimum rate of {min_rate} bytes/s")
             if nbytes is not None and got + len(chunk) >= nbytes:
                 chunks.append(chunk[: nbytes - got])
                 got = nbytes
@@ -677,7 +684,9 @@ class HttpSource:
 
 
 def _iter_raw(resp: httpx.Response) -> Iterator[bytes]:
-    yield from resp.iter_raw(CHUNK)
+    # no chunk_size: httpx would hold the bytes back until a whole chunk had arrived, so a
+    # trickling server would never be seen by the minimum-rate check in _read_body
+    yield from resp.iter_raw()
 
 
 def _short(url: str) -> str:
