@@ -222,10 +222,14 @@ class Jobs:
         elif kind == "error":
             result = payload
         else:
-            failed = Code.RESOURCE_LIMIT if recycle else None
+            # a recycled worker's report still stands; it failed only if it says it ran out
+            failed = Code.RESOURCE_LIMIT if any(
+                f.get("code") == Code.RESOURCE_LIMIT for f in payload.get("findings", ())) else None
             result = Outcome(payload, failed)
         if recycle or worker.scans >= self.max_scans:
-            worker = self._retire(worker, "RESOURCE_LIMIT" if recycle else "recycled")
+            ran_out = kind == "memory" or (isinstance(result, Outcome) and result.failure is not None)
+            worker = self._retire(worker, "RESOURCE_LIMIT" if ran_out else
+                                  "memory_growth" if recycle else "recycled")
         return result, worker
 
     async def close(self) -> None:

@@ -83,7 +83,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         jobs = Jobs(settings.workers,
                     WorkerLimits(memory_bytes=settings.worker_memory_mb * MiB,
                                  cpu_seconds=settings.worker_cpu_seconds,
-                                 test_hooks=settings.test_hooks),
+                                 test_hooks=settings.test_hooks,
+                                 recycle_growth_bytes=settings.worker_recycle_mb * MiB),
                     timeout_s=settings.scan_timeout_seconds, max_scans=settings.worker_max_scans,
                     max_queued=settings.max_queued_scans, on_restart=metrics.restarted)
         await jobs.start()

@@ -40,6 +40,9 @@ class Settings(BaseSettings):
     worker_cpu_seconds: int = Field(default=120, ge=1, description="RLIMIT_CPU per scan, seconds")
     scan_timeout_seconds: float = Field(default=300.0, gt=0, description="wall-clock limit per scan")
     worker_max_scans: int = Field(default=1000, ge=1, description="recycle a worker after this many scans")
+    worker_recycle_mb: int = Field(default=256, ge=1, description="recycle a worker whose resident "
+                                   "memory grew by more than this many MiB in a scan (no verdict "
+                                   "depends on the scans before it)")
     max_queued_scans: int = Field(
         default=128, ge=0,
         description="upload / URL scans that may wait for a busy pool; past it: 503 + Retry-After")

@@ -39,10 +39,31 @@ class WorkerLimits:
     memory_bytes: int
     cpu_seconds: int
     test_hooks: bool = False
+    # a scan that left the worker this much larger than it started is its last: the heap
+    # it grew (and fragmented) must not shrink the next scan's share of memory_bytes
+    recycle_growth_bytes: int = 256 * 1024 * 1024
 
 
 # Messages child -> parent: ("ok", report_json, recycle) | ("error", CkptError, False)
 Reply = tuple[str, Any, bool]
+
+
+def _memory_marks() -> tuple[int, int]:
+    """(resident bytes now, peak resident bytes so far) of this process (Linux; zeros where
+    /proc is missing: never recycles)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024   # KiB on Linux
+    try:
+        with open("/proc/self/statm", "rb") as statm:
+            return int(statm.read().split()[1]) * resource.getpagesize(), peak
+    except (OSError, ValueError, IndexError):
+        return 0, 0
+
+
+def _grew(before: tuple[int, int], limit: int) -> bool:
+    """Did the last scan leave this worker larger, or push its peak higher, than `limit`?
+    A peak that was freed still leaves a fragmented heap the next scan would inherit."""
+    now, peak = _memory_marks()
+    return now - before[0] > limit or peak - before[1] > limit
 
 
 def _cpu_used() -> float:
@@ -115,10 +136,13 @@ def main(conn: Connection, limits: WorkerLimits) -> None:
         if job is None:
             return
         _set_cpu_budget(limits.cpu_seconds)
+        before = _memory_marks()
         try:
             reply = _scan(job, limits)
         except MemoryError:
             reply = ("memory", None, True)
+        if not reply[2] and _grew(before, limits.recycle_growth_bytes):
+            reply = (reply[0], reply[1], True)   # this answer stands; the next job gets a fresh worker
         try:
             conn.send(reply)
         except MemoryError:
