@@ -27,6 +27,7 @@ from ckptguard.app.problems import AppError
 FIELD = "file"
 MAX_HEADER_BYTES = 16 * 1024    # per part: multipart headers are tiny in practice
 MAX_PARTS = 16
+MAX_BOUNDARY = 200              # RFC 2046 allows 70; clients never exceed it, parsers choke past 256
 _UNSAFE_NAME = re.compile(r"[\x00-\x1f\x7f]")
 
 
@@ -65,14 +66,18 @@ class _Receiver:
         self._header_value = bytearray()
         self._headers: dict[bytes, bytes] = {}
         self._header_bytes = 0
+        self.complete = False      # the closing boundary was seen
 
     def callbacks(self) -> dict[str, Any]:
         return {
             "on_part_begin": self.on_part_begin, "on_part_data": self.on_part_data,
             "on_part_end": self.on_part_end, "on_header_field": self.on_header_field,
             "on_header_value": self.on_header_value, "on_header_end": self.on_header_end,
-            "on_headers_finished": self.on_headers_finished,
+            "on_headers_finished": self.on_headers_finished, "on_end": self.on_end,
         }
+
+    def on_end(self) -> None:
+        self.complete = True
 
     def on_part_begin(self) -> None:
         self.parts += 1
@@ -151,6 +156,9 @@ async def receive_upload(content_type: str | None, content_length: str | None,
     if ctype != b"multipart/form-data" or not params.get(b"boundary"):
         raise AppError("UNSUPPORTED_MEDIA_TYPE", 415,
                        f"send multipart/form-data with the checkpoint in field '{FIELD}'")
+    if len(params[b"boundary"]) > MAX_BOUNDARY:
+        raise AppError("BAD_MULTIPART", 400, f"the multipart boundary is longer than {MAX_BOUNDARY} "
+                       "characters (RFC 2046 allows 70)")
     slack = MAX_PARTS * MAX_HEADER_BYTES  # multipart framing around the file bytes
     if content_length is not None:
         try:
@@ -180,6 +188,9 @@ async def receive_upload(content_type: str | None, content_length: str | None,
                 except Exception as exc:  # python-multipart's MultipartParseError and friends
                     raise AppError("BAD_MULTIPART", 400, "the multipart body is malformed") from exc
             parser.finalize()
+        if not receiver.complete:
+            # a cut body: what arrived of the file may be a prefix, never judged as the file
+            raise AppError("BAD_MULTIPART", 400, "the multipart body ends before its closing boundary")
         if not receiver.found:
             raise AppError("MISSING_FILE", 422, f"no multipart field named '{FIELD}'")
         return Upload(path=path, size=receiver.size, sha256=receiver.hasher.hexdigest(),
