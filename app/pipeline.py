@@ -26,6 +26,13 @@ HOOKS: frozenset[str] = frozenset(get_args(Hook))
 RETRY_AFTER_S = 5
 
 
+def _as_callers(report: dict[str, Any], info: dict[str, Any]) -> dict[str, Any]:
+    """A cached report under this request's own source (kind, name, url, size, sha256)."""
+    source = {**(report.get("source") or {}),
+              **{k: info.get(k) for k in ("kind", "name", "url", "size", "sha256")}}
+    return {**report, "source": source}
+
+
 def queue_full(detail: str) -> AppError:
     """503 for a scan the pool's queue cannot take now (settings.max_queued_scans)."""
     return AppError("SCAN_QUEUE_FULL", 503, f"the scan queue is full ({detail}); retry later",
@@ -62,8 +69,11 @@ class ScanService:
         started = time.perf_counter()
         sha256 = str(info["sha256"])
         if hook is None and (hit := await self.lookup(sha256)) is not None:
-            self._observe(hit, cached=True, started=started)
-            return hit.to_json(cached=True)
+            # the analysis is shared, the record is the caller's own: its id, its file name,
+            # its time (another caller's name and upload time are not this caller's to see)
+            own = await self.record(_as_callers(hit.report, info), cacheable=False)
+            self._observe(own, cached=True, started=started)
+            return own.to_json(cached=True)
         hook_arg: Hook | None = hook if hook in HOOKS else None  # type: ignore[assignment]
         try:
             outcome = await self.jobs.scan(path, info, allow=self.allow, hook=hook_arg, wait=wait)

@@ -81,15 +81,19 @@ def test_oversize_detected_while_streaming_without_content_length(make_client) -
     assert r.status_code == 413 and r.json()["code"] == "PAYLOAD_TOO_LARGE"
 
 
-def test_cache_hit_returns_stored_report(client) -> None:
+def test_cache_hit_shares_the_analysis_and_returns_the_callers_own_record(client) -> None:
     data = malicious_pickle(nonce())
-    first = upload(client, data).json()
+    first = upload(client, data, name="first-name.pkl").json()
     second = upload(client, data, name="other-name.pkl").json()
     assert first["cached"] is False and second["cached"] is True
-    assert second["id"] == first["id"]
-    strip = ("cached",)
+    # the caller's own record: a new id, its file name; never the first uploader's
+    assert second["id"] != first["id"]
+    assert second["source"]["name"] == "other-name.pkl"
+    assert "first-name" not in client.get(f"/scans/{second['id']}").text
+    strip = ("cached", "id", "created_at", "source")
     assert {k: v for k, v in first.items() if k not in strip} == \
            {k: v for k, v in second.items() if k not in strip}
+    assert first["source"]["sha256"] == second["source"]["sha256"]
     metrics = client.get("/metrics").text
     assert 'ckptguard_scans_total{cached="true",format="pickle",verdict="unsafe"} 1.0' in metrics
     assert 'ckptguard_scans_total{cached="false",format="pickle",verdict="unsafe"} 1.0' in metrics
