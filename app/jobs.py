@@ -41,6 +41,7 @@ class Outcome:
 
     report: dict[str, Any]
     failure: Code | None = None
+    skipped: str | None = None    # command-line jobs: the container of a non-checkpoint
 
 
 class _Worker:
@@ -146,6 +147,11 @@ class Jobs:
                   headers=dict(headers) if headers else None, guard=guard)
         return (await self._submit(job, wait=wait)).report
 
+    async def run(self, job: Job) -> Outcome:
+        """Any job (the command line builds its own); waits for a worker. Raises CkptError
+        when core could not read the input."""
+        return await self._submit(job)
+
     async def _submit(self, job: Job, *, wait: bool = True) -> Outcome:
         if self._closed:
             raise RuntimeError("the scan pool is closed")
@@ -221,6 +227,8 @@ class Jobs:
                 job.info, code, "the scan worker ran out of memory", elapsed), code)
         elif kind == "error":
             result = payload
+        elif kind == "skipped":
+            result = Outcome({}, skipped=payload)
         else:
             # a recycled worker's report still stands; it failed only if it says it ran out
             failed = Code.RESOURCE_LIMIT if any(

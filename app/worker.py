@@ -32,6 +32,11 @@ class Job:
     url: str | None = None                # scan over HTTP Range requests (core.loader.scan_url)
     headers: dict[str, str] | None = None
     guard: Any = None                     # core.io.urlguard.UrlGuard (pickles; checks every hop)
+    # The command line's jobs (app/runner.py): read through app/itemscan.py, which skips
+    # files a folder walk or hub listing found when they sniff as no checkpoint.
+    command_line: bool = False
+    sniff_first: bool = False
+    verify_crc: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +50,7 @@ class WorkerLimits:
 
 
 # Messages child -> parent: ("ok", report_json, recycle) | ("error", CkptError, False)
+#                         | ("skipped", container, False)
 Reply = tuple[str, Any, bool]
 
 
@@ -101,9 +107,19 @@ def _scan(job: Job, limits: WorkerLimits) -> Reply:
 
     if job.hook is not None and limits.test_hooks:
         _run_hook(job.hook, limits)
-    options = ScanOptions(allow=job.allow)
+    options = ScanOptions(allow=job.allow, verify_crc=job.verify_crc)
     try:
-        if job.url is not None:
+        if job.command_line:
+            from ckptguard.app.itemscan import Skipped, scan_local, scan_remote
+
+            info = SourceInfo(**job.info)
+            result = (scan_remote(job.url, job.headers, info, options, sniff_first=job.sniff_first)
+                      if job.url is not None else
+                      scan_local(job.path, info, options, sniff_first=job.sniff_first))
+            if isinstance(result, Skipped):
+                return ("skipped", result.container, False)
+            report = result
+        elif job.url is not None:
             from ckptguard.core.loader import scan_url
 
             report = scan_url(job.url, headers=job.headers, guard=job.guard, options=options)
