@@ -1,110 +1,135 @@
-"""`ckptguard` command line: scan, serve, get. The only module that prints.
+"""`ckptguard` command line: scan, get, codes, serve. The only module that prints.
 
-    ckptguard scan PATH|URL [--json] [--allow module.name ...]
-    ckptguard serve [--host H] [--port P]
+    ckptguard scan TARGET... [--format text|json|jsonl|sarif] [-o FILE] [-q] [-j N]
     ckptguard get PATH|URL TENSOR_NAME -o out.npy
+    ckptguard serve [--host H] [--port P]
 
-Exit status of `scan`: 0 safe, 1 suspicious, 2 unsafe, 3 invalid, 4 could not read.
+A TARGET is a file, a folder (files chosen by content), a quoted glob, an http(s) URL or
+`hf://[datasets/]owner/name[@revision][/path]`. Expansion lives in app/targets.py, the
+parallel sandboxed run in app/runner.py, the output formats in app/render.py and
+app/sarif.py, the exit status in app/exit_codes.py.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
+import traceback
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import IO, Any, NoReturn
 
+from ckptguard.app.exit_codes import (
+    EXIT_BROKEN_PIPE,
+    EXIT_BY_OUTCOME,
+    EXIT_INTERNAL,
+    EXIT_INTERRUPTED,
+    EXIT_USAGE,
+    FAIL_ON,
+    HELP,
+    exit_status,
+)
+from ckptguard.app.targets import UsageError
 from ckptguard.core import __version__
 from ckptguard.core.errors import SourceError
-from ckptguard.core.report import Report
-from ckptguard.core.state import ScanOptions
 
-EXIT_BY_VERDICT = {"safe": 0, "suspicious": 1, "unsafe": 2, "invalid": 3}
-EXIT_UNREADABLE = 4
-EXIT_BROKEN_PIPE = 141     # 128 + SIGPIPE, what a shell reports for a killed writer
+EXIT_UNREADABLE = EXIT_BY_OUTCOME["unreadable"]
 
-
-def is_url(target: str) -> bool:
-    return target.startswith(("http://", "https://"))
+SCAN_EXAMPLES = """examples:
+  ckptguard scan model.pt                         one file: a summary, exit 0 if safe
+  ckptguard scan ~/.cache/huggingface/hub/models--org--name/snapshots/main -j 4
+  ckptguard scan 'ckpts/**/*.bin' hf://org/name@v1.0 --format sarif -o ckptguard.sarif"""
 
 
-def scan_target(target: str, options: ScanOptions, headers: dict[str, str] | None = None) -> Report:
-    """Scan a local path or an http(s) URL (read with Range requests)."""
-    if is_url(target):
-        from ckptguard.core.io.http import HttpSource
-        from ckptguard.core.report import SourceInfo
-        from ckptguard.core.scan import scan_source
+class _Parser(argparse.ArgumentParser):
+    """argparse exits 2 on a usage error, which is `unsafe` here: raise ours instead (64)."""
 
-        with HttpSource(target, headers=headers) as source:
-            info = SourceInfo(kind="url", name=target.rsplit("/", 1)[-1], url=target,
-                              size=source.size)
-            return scan_source(source, options=options, info=info)
-    from ckptguard.core.scan import scan_path
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{self.prog}: {message}")
 
-    return scan_path(target, options=options)
+
+def parse_headers(values: Sequence[str] | None) -> dict[str, str]:
+    """`--header 'Name: value'` -> {Name: value}; anything else is a usage error."""
+    headers: dict[str, str] = {}
+    for value in values or ():
+        name, sep, content = value.partition(":")
+        if not sep or not name.strip() or any(c.isspace() for c in name.strip()):
+            raise UsageError(f"--header {value!r}: expected 'Name: value'")
+        headers[name.strip()] = content.strip()
+    return headers
 
 
 def _cmd_scan(args: argparse.Namespace) -> int:
-    options = ScanOptions(allow=frozenset(args.allow or ()), verify_crc=args.verify_crc)
-    headers = dict(h.split(":", 1) for h in args.header or ())
-    try:
-        report = scan_target(args.target, options, {k.strip(): v.strip() for k, v in headers.items()})
-    except SourceError as exc:
-        print(f"ckptguard: cannot read {args.target}: {exc}", file=sys.stderr)
-        return EXIT_UNREADABLE
+    from ckptguard.app import progress as progress_display
+    from ckptguard.app.runner import RunLimits, run
+    from ckptguard.app.targets import expand, is_url
+
+    headers = parse_headers(args.header)
     if args.json:
-        for chunk in json_lines(report.to_json()):
-            sys.stdout.write(chunk)
-    else:
-        sys.stdout.write(format_summary(report.to_json()))
-    return EXIT_BY_VERDICT[report.verdict]
+        args.format = "json"
+    if args.jobs < 1:
+        raise UsageError("-j/--jobs: must be at least 1")
+    output = _open_output(args.output)
+    try:
+        expansion = expand(args.target, headers=headers)
+        items = expansion.items
+        remote = any(is_url(i.url or "") for i in items)
+        bar = (progress_display.Progress(len(items))
+               if progress_display.wanted(quiet=args.quiet, disabled=args.no_progress,
+                                          items=len(items), remote=remote) else None)
+        try:
+            results = run(items, RunLimits(jobs=args.jobs, memory_mb=args.memory_mb,
+                                           cpu_seconds=args.cpu_seconds, timeout_s=args.timeout),
+                          allow=frozenset(args.allow or ()), verify_crc=args.verify_crc,
+                          on_result=bar.update if bar is not None else None)
+        finally:
+            if bar is not None:
+                bar.close()
+        many = expansion.many or len(items) != 1
+        for result in results:
+            if result.unreadable and not args.quiet and args.format == "text":
+                finding = result.report["findings"][0]
+                print(f"ckptguard: {finding['message']}", file=sys.stderr)
+        if output is not None or not args.quiet:
+            _write(output or sys.stdout, _render(args.format, results, many=many))
+    finally:
+        if output is not None:
+            output.close()
+    return exit_status((r.outcome for r in results if r.skipped is None), args.fail_on)
 
 
-def json_lines(report: dict[str, Any]) -> Iterator[str]:
-    """The report as JSON, one top-level field and one list item (tensor, storage, global,
-    finding) per line. json's indenting encoder is pure Python; this way the C encoder
-    writes each line, so a 1M-tensor report prints in seconds, not minutes."""
-    yield "{\n"
-    for i, (key, value) in enumerate(report.items()):
-        sep = "," if i < len(report) - 1 else ""
-        if isinstance(value, list) and value:
-            yield f"  {json.dumps(key)}: [\n"
-            last = len(value) - 1
-            for j, item in enumerate(value):
-                yield f"    {json.dumps(item)}{',' if j < last else ''}\n"
-            yield f"  ]{sep}\n"
-        else:
-            yield f"  {json.dumps(key)}: {json.dumps(value)}{sep}\n"
-    yield "}\n"
+def _open_output(path: str | None) -> IO[str] | None:
+    if path is None or path == "-":
+        return None
+    try:
+        return open(path, "w", encoding="utf-8")   # closed by _cmd_scan
+    except OSError as exc:
+        raise UsageError(f"-o {path}: {exc.strerror}") from exc
 
 
-def format_summary(r: dict[str, Any]) -> str:
-    """A readable summary of a report for terminals."""
-    wo = r["weights_only"]
-    lines = [
-        f"{r['source'].get('name') or r['source'].get('url')}: {r['verdict'].upper()} "
-        f"({r['format']}, {len(r['tensors'])} tensors, {len(r['storages'])} storages)",
-        f"  weights_only load: {'yes' if wo['loadable'] else 'no'}"
-        + (f" — {wo['error_type']}: {wo['error']}" if wo["error"] else ""),
-    ]
-    flagged = [g for g in r["globals"] if g["status"] != "allowed"]
-    if flagged:
-        lines.append("  globals outside the allowlist:")
-        lines += [f"    {g['status']:<9} {g['module']}.{g['name']} (x{g['count']})" for g in flagged]
-    if r["findings"]:
-        lines.append("  findings:")
-        for f in r["findings"][:50]:
-            where = f" @{f['offset']}" if f["offset"] is not None else ""
-            lines.append(f"    [{f['severity']}] {f['code']}{where}: {f['message'][:160]}")
-        if len(r["findings"]) > 50:
-            lines.append(f"    ... {len(r['findings']) - 50} more (use --json)")
-    if wo.get("safe_globals_hint"):
-        lines.append(f"  if you trust these globals: {wo['safe_globals_hint']}")
-    lines.append(f"  read {r['io']['bytes_read']} bytes in {r['io']['requests']} requests, "
-                 f"{r['timings_ms']['total']:.1f} ms")
-    return "\n".join(lines) + "\n"
+def _render(fmt: str, results: list[Any], *, many: bool) -> Iterator[str]:
+    from ckptguard.app import render
+
+    reports = [r.report for r in results if r.skipped is None]
+    if fmt == "json":
+        if many:
+            return render.json_list(reports)
+        return render.json_lines(reports[0]) if reports else iter(["null\n"])
+    if fmt == "jsonl":
+        return render.jsonl(reports)
+    if fmt == "sarif":
+        import json
+
+        from ckptguard.app.sarif import sarif_log
+
+        return iter([json.dumps(sarif_log(results), indent=1) + "\n"])
+    return render.text(results, many=many)
+
+
+def _write(stream: IO[str], chunks: Iterator[str]) -> None:
+    for chunk in chunks:
+        stream.write(chunk)
+    stream.flush()
 
 
 def _cmd_get(args: argparse.Namespace) -> int:
@@ -113,10 +138,9 @@ def _cmd_get(args: argparse.Namespace) -> int:
 
     from ckptguard.core.loader import TensorUnreadable, open_checkpoint
 
-    headers = dict(h.split(":", 1) for h in args.header or ())
+    headers = parse_headers(args.header)
     try:
-        with open_checkpoint(args.target, headers={k.strip(): v.strip() for k, v in headers.items()}
-                             ) as ckpt:
+        with open_checkpoint(args.target, headers=headers) as ckpt:
             array = ckpt.read_tensor(args.tensor)
     except SourceError as exc:
         print(f"ckptguard: cannot read {args.target}: {exc}", file=sys.stderr)
@@ -151,13 +175,44 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="ckptguard", description=__doc__.splitlines()[0])
+    parser = _Parser(prog="ckptguard", description=__doc__.splitlines()[0],
+                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                     epilog=f"{HELP}\n\n{SCAN_EXAMPLES}")
     parser.add_argument("--version", action="version", version=f"ckptguard {__version__}")
+    parser.add_argument("--debug", action="store_true", help="print the traceback of an internal error")
     sub = parser.add_subparsers(dest="command", required=True)
+    # --debug after the subcommand too; SUPPRESS so the subcommand's default cannot undo
+    # a --debug given before it
+    debug = _Parser(add_help=False)
+    debug.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                       help="print the traceback of an internal error")
 
-    scan = sub.add_parser("scan", help="scan a checkpoint file or URL")
-    scan.add_argument("target", help="local path or http(s) URL")
-    scan.add_argument("--json", action="store_true", help="print the JSON report")
+    scan = sub.add_parser(
+        "scan", parents=[debug], help="scan files, folders, globs, URLs or hf:// repositories",
+        description="Judge checkpoints without executing them. Folders are searched recursively "
+                    "and files chosen by content (never by extension).",
+        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=f"{HELP}\n\n{SCAN_EXAMPLES}")
+    scan.add_argument("target", nargs="+",
+                      help="file, folder, quoted glob, http(s) URL, or hf://[datasets/]owner/name[@rev][/path]")
+    scan.add_argument("--format", choices=("text", "json", "jsonl", "sarif"), default="text",
+                      help="text (default; a table for several files), json (one object for one "
+                           "file or URL, else a list), jsonl (a report per line), sarif (2.1.0)")
+    scan.add_argument("--json", action="store_true", help="same as --format json")
+    scan.add_argument("-o", "--output", metavar="FILE", help="write the output here instead of stdout")
+    scan.add_argument("-q", "--quiet", action="store_true",
+                      help="print nothing but errors (the exit status still tells)")
+    scan.add_argument("--fail-on", choices=tuple(FAIL_ON), default="suspicious",
+                      help="least severe outcome that fails the run (default: suspicious, "
+                           "i.e. anything not safe)")
+    scan.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1, metavar="N",
+                      help="scan worker processes (default: the machine's cores)")
+    scan.add_argument("--memory-mb", type=int, default=2048, metavar="MB",
+                      help="address-space limit of each scan worker (default 2048)")
+    scan.add_argument("--cpu-seconds", type=int, default=120, metavar="S",
+                      help="CPU-time limit per scanned file (default 120)")
+    scan.add_argument("--timeout", type=float, default=300.0, metavar="S",
+                      help="wall-clock limit per scanned file (default 300)")
+    scan.add_argument("--no-progress", action="store_true", help="never show the progress display")
     scan.add_argument("--allow", action="append", metavar="module.name",
                       help="treat this global as allowlisted (like torch.serialization.add_safe_globals)")
     scan.add_argument("--verify-crc", action="store_true",
@@ -166,7 +221,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help="extra HTTP header for URL targets (e.g. Authorization)")
     scan.set_defaults(func=_cmd_scan)
 
-    get = sub.add_parser("get", help="read one tensor into a .npy file (local path or URL)")
+    get = sub.add_parser("get", parents=[debug], help="read one tensor into a .npy file (local path or URL)")
     get.add_argument("target", help="local path or http(s) URL")
     get.add_argument("tensor", help="tensor name as in the report (e.g. layer.0.weight)")
     get.add_argument("-o", "--output", required=True, help="output .npy path")
@@ -174,24 +229,42 @@ def build_parser() -> argparse.ArgumentParser:
                      help="extra HTTP header for URL targets (e.g. Authorization)")
     get.set_defaults(func=_cmd_get)
 
-    codes = sub.add_parser("codes", help="print the table of finding codes (markdown)")
+    codes = sub.add_parser("codes", parents=[debug], help="print the table of finding codes (markdown)")
     codes.set_defaults(func=_cmd_codes)
 
-    serve = sub.add_parser("serve", help="start the HTTP service")
-    serve.add_argument("--host", default=None)
-    serve.add_argument("--port", type=int, default=None)
+    serve = sub.add_parser("serve", parents=[debug], help="start the HTTP service",
+                           description="Start the HTTP service. Everything else is configured by "
+                                       "CKPTGUARD_* environment variables (README, Configuration).")
+    serve.add_argument("--host", default=None,
+                       help="address to bind (default: CKPTGUARD_HOST, 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=None,
+                       help="port to bind (default: CKPTGUARD_PORT, 8000)")
     serve.set_defaults(func=_cmd_serve)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args: argparse.Namespace | None = None
     try:
+        args = build_parser().parse_args(argv)
         code: int = args.func(args)
+    except UsageError as exc:
+        print(f"{exc}\nTry 'ckptguard --help'.", file=sys.stderr)
+        return EXIT_USAGE
     except BrokenPipeError:   # `ckptguard scan x --json | head`: the reader left, not an error
         # Python would report it again when flushing stdout at exit: point stdout at nothing
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_BROKEN_PIPE
+    except KeyboardInterrupt:
+        print("ckptguard: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except Exception as exc:
+        debug = bool(getattr(args, "debug", False)) or "--debug" in (sys.argv if argv is None else argv)
+        if debug:
+            traceback.print_exc()
+        print(f"ckptguard: internal error: {type(exc).__name__}: {exc}"
+              + ("" if debug else " (run with --debug for the traceback)"), file=sys.stderr)
+        return EXIT_INTERNAL
     return code
 
 
