@@ -4,7 +4,7 @@ The public Python API. The repository keeps the engine in `core/` and the servic
 `app/`; installed, they are `ckptguard.core` and `ckptguard.app` (this folder links them
 in, so the repository, an editable install, the wheel and the image all see one name).
 
-Example:
+Example (`scan(target)` takes a file, a folder, a URL or an hf:// repository):
     >>> from ckptguard import scan_bytes
     >>> scan_bytes(b"cos\\nsystem\\n(S'echo pwned'\\ntR.").verdict   # never run
     'unsafe'
@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from ckptguard.core import __version__
 
 if TYPE_CHECKING:
+    from ckptguard.app.api import scan
     from ckptguard.core.errors import CkptError, Code, Severity, SourceError
     from ckptguard.core.limits import Limits
     from ckptguard.core.loader import open_checkpoint
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
     from ckptguard.core.state import ScanOptions
 
 _EXPORTS: dict[str, str] = {
+    "scan": "ckptguard.app.api",
     "scan_path": "ckptguard.core.scan",
     "scan_source": "ckptguard.core.scan",
     "scan_bytes": "ckptguard.core.scan",
@@ -50,7 +52,7 @@ _EXPORTS: dict[str, str] = {
 __all__ = [
     "CkptError", "Code", "Finding", "GlobalEntry", "Limits", "Report", "ScanOptions", "Severity",
     "SourceError", "StorageEntry", "TensorEntry", "Verdict", "__version__", "open_checkpoint",
-    "scan_bytes", "scan_path", "scan_source",
+    "scan", "scan_bytes", "scan_path", "scan_source",
 ]
 
 
