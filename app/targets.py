@@ -193,19 +193,21 @@ def _expand_path(path: str, items: list[ScanItem], *, from_listing: bool) -> boo
 
 
 def _walk(root: str, items: list[ScanItem]) -> None:
+    """Every regular file under `root`, in sorted path order (the same order on every run)."""
+    found: list[ScanItem] = []
     # followlinks=False: links to folders are listed in `dirs` but never entered, so the
     # walk stays in the tree and cannot loop; links to files come in `files`.
-    for folder, dirs, files in os.walk(root, followlinks=False):
-        dirs.sort()
-        for name in sorted(files):
+    for folder, _dirs, files in os.walk(root, followlinks=False):
+        for name in files:
             path = os.path.join(folder, name)
             try:
                 st = os.stat(path)
             except OSError as exc:   # a dangling link: a file of the model that is missing
-                items.append(_unreadable(path, exc.strerror or str(exc)))
+                found.append(_unreadable(path, exc.strerror or str(exc)))
                 continue
             if stat.S_ISREG(st.st_mode):
-                items.append(ScanItem(name=path, kind="file", path=path, from_listing=True))
+                found.append(ScanItem(name=path, kind="file", path=path, from_listing=True))
+    items.extend(sorted(found, key=lambda item: item.name.split(os.sep)))
 
 
 def _unreadable(name: str, why: str) -> ScanItem:
