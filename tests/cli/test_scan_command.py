@@ -4,9 +4,12 @@ exit codes by severity, usage and internal errors, limits, progress."""
 from __future__ import annotations
 
 import json
+import fcntl
 import os
 import pty
+import struct
 import subprocess
+import termios
 from pathlib import Path
 
 import pytest
@@ -217,6 +220,7 @@ def test_a_scan_past_its_wall_clock_limit_is_invalid(tmp_path: Path) -> None:
 def _with_a_terminal(*args: str) -> tuple[int, str]:
     """Run with stderr on a pseudo-terminal (stdout a pipe); return (exit, what the terminal got)."""
     master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 160, 0, 0))   # a real size
     proc = subprocess.Popen([CKPTGUARD, *args], stdout=subprocess.PIPE, stderr=slave)
     os.close(slave)
     seen = b""
@@ -235,13 +239,13 @@ def _with_a_terminal(*args: str) -> tuple[int, str]:
 
 def test_progress_goes_to_a_terminal_stderr_only(model_dir: Path) -> None:
     code, terminal = _with_a_terminal("scan", str(model_dir), "-j", "2")
-    assert code == 2 and "/7 [" in terminal and "KB read" in terminal   # tqdm: "n/7 [... KB read, name]"
+    assert code == 2 and "0/9 [" in terminal and "file/s" in terminal   # tqdm: "n/9 [..file/s, .. read, name]"
     code, terminal = _with_a_terminal("scan", str(model_dir), "-q")
     assert terminal == ""
     code, terminal = _with_a_terminal("scan", str(model_dir), "--no-progress")
-    assert "/7 [" not in terminal and "cannot read" in terminal   # errors still reach stderr
+    assert "/9 [" not in terminal and "cannot read" in terminal   # errors still reach stderr
     piped = run("scan", str(model_dir))    # stderr a pipe: never a progress display
-    assert "/7 [" not in piped.stderr and "\r" not in piped.stderr
+    assert "/9 [" not in piped.stderr and "\r" not in piped.stderr
 
 
 def test_help_lists_exit_codes_and_examples() -> None:
