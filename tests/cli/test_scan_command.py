@@ -3,8 +3,8 @@ exit codes by severity, usage and internal errors, limits, progress."""
 
 from __future__ import annotations
 
-import json
 import fcntl
+import json
 import os
 import pty
 import struct
@@ -239,7 +239,7 @@ def _with_a_terminal(*args: str) -> tuple[int, str]:
 
 def test_progress_goes_to_a_terminal_stderr_only(model_dir: Path) -> None:
     code, terminal = _with_a_terminal("scan", str(model_dir), "-j", "2")
-    assert code == 2 and "0/9 [" in terminal and "file/s" in terminal   # tqdm: "n/9 [..file/s, .. read, name]"
+    assert code == 2 and "0/9 [" in terminal and "file/s" in terminal   # tqdm: "n/9 [..file/s, read, name]"
     code, terminal = _with_a_terminal("scan", str(model_dir), "-q")
     assert terminal == ""
     code, terminal = _with_a_terminal("scan", str(model_dir), "--no-progress")
