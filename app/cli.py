@@ -71,7 +71,8 @@ def _cmd_scan(args: argparse.Namespace) -> int:
         raise UsageError("-j/--jobs: must be at least 1")
     output = _open_output(args.output)
     try:
-        expansion = expand(args.target, headers=headers)
+        expansion = expand(args.target, headers=headers,
+                           skip_named_non_checkpoints=args.skip_non_checkpoints)
         items = expansion.items
         remote = any(is_url(i.url or "") for i in items)
         bar = (progress_display.Progress(len(items))
@@ -213,6 +214,9 @@ def build_parser() -> argparse.ArgumentParser:
     scan.add_argument("--timeout", type=float, default=300.0, metavar="S",
                       help="wall-clock limit per scanned file (default 300)")
     scan.add_argument("--no-progress", action="store_true", help="never show the progress display")
+    scan.add_argument("--skip-non-checkpoints", action="store_true",
+                      help="sniff files named directly too, and skip those that are no checkpoint "
+                           "(as in a folder; the pre-commit hook uses it)")
     scan.add_argument("--allow", action="append", metavar="module.name",
                       help="treat this global as allowlisted (like torch.serialization.add_safe_globals)")
     scan.add_argument("--verify-crc", action="store_true",

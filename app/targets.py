@@ -110,8 +110,11 @@ def hf_token() -> str | None:
         return None
 
 
-def expand(targets: list[str], *, headers: dict[str, str] | None = None) -> Expansion:
-    """Every target's files, in the order given (a folder's in sorted path order)."""
+def expand(targets: list[str], *, headers: dict[str, str] | None = None,
+           skip_named_non_checkpoints: bool = False) -> Expansion:
+    """Every target's files, in the order given (a folder's in sorted path order).
+    `skip_named_non_checkpoints`: files named directly are sniffed like a folder's (a
+    pre-commit hook is handed every changed file, READMEs included)."""
     out = Expansion(many=len(targets) > 1)
     for target in targets:
         if target.startswith(HF_SCHEME):
@@ -122,11 +125,11 @@ def expand(targets: list[str], *, headers: dict[str, str] | None = None) -> Expa
         elif target.startswith(("file://",)) or "://" in target:
             raise UsageError(f"{target}: only local paths, http(s):// and hf:// targets are supported")
         else:
-            out.many = _expand_local(target, out.items) or out.many
+            out.many = _expand_local(target, out.items, skip_named_non_checkpoints) or out.many
     return out
 
 
-def _expand_local(target: str, items: list[ScanItem]) -> bool:
+def _expand_local(target: str, items: list[ScanItem], sniff_named: bool = False) -> bool:
     """Append a path's items; True when the target is one that can hold several files."""
     if not os.path.lexists(target) and _GLOB_CHARS.search(target):
         matches = glob_files(target)
@@ -138,7 +141,7 @@ def _expand_local(target: str, items: list[ScanItem]) -> bool:
         # a folder and the files in it can both match (`models/**`): each file once
         items.extend({item.name: item for item in matched}.values())
         return True
-    return _expand_path(target, items, from_listing=False)
+    return _expand_path(target, items, from_listing=sniff_named)
 
 
 def glob_files(pattern: str) -> list[str]:
