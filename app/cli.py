@@ -87,10 +87,9 @@ def _cmd_scan(args: argparse.Namespace) -> int:
             if bar is not None:
                 bar.close()
         many = expansion.many or len(items) != 1
-        for result in results:
-            if result.unreadable and not args.quiet and args.format == "text":
-                finding = result.report["findings"][0]
-                print(f"ckptguard: {finding['message']}", file=sys.stderr)
+        for result in results:   # errors reach stderr in every format, -q included
+            if result.unreadable:
+                print(f"ckptguard: {result.report['findings'][0]['message']}", file=sys.stderr)
         if output is not None or not args.quiet:
             _write(output or sys.stdout, _render(args.format, results, many=many))
     finally:

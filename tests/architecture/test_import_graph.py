@@ -1,5 +1,6 @@
 """The architecture as a test: data flows one way, source -> sniff -> zip -> pickle -> torch
-rules -> threats -> judge -> manifest -> formats -> lane -> scan -> loader, app on top.
+rules -> threats -> judge -> manifest -> formats -> lane -> scan -> loader, app, and the
+public API (`ckptguard/__init__.py`) on top.
 
 Every import counts, at module level and inside functions (a local import that runs back
 up a layer is still a dependency), TYPE_CHECKING blocks included. A module may import
@@ -33,8 +34,10 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("ckptguard.core.lane",),
     ("ckptguard.core.scan",),
     ("ckptguard.core.loader",),
-    ("ckptguard",),          # the public API
     ("ckptguard.app", "ckptguard.__main__"),   # the service and the console entry
+    # the public API on top: it re-exports core's functions and `scan(target)`
+    # (ckptguard.app.api), whose folders, globs and hf:// targets need the app's hub client
+    ("ckptguard",),
 )
 
 
