@@ -81,10 +81,10 @@ async def _run(items: list[ScanItem], limits: RunLimits, *, allow: frozenset[str
     results: list[ItemResult | None] = [None] * len(items)
     pending = [i for i, item in enumerate(items) if item.error is None]
     for i, item in enumerate(items):
-        if item.error is not None:
-            results[i] = unreadable_result(item, item.error)
+        if item.error is not None:   # could not even be listed or opened: no worker needed
+            results[i] = failed = unreadable_result(item, item.error)
             if on_result is not None:
-                on_result(results[i])  # type: ignore[arg-type]
+                on_result(failed)
     if pending:
         pool = Jobs(min(limits.jobs, len(pending)),
                     WorkerLimits(memory_bytes=limits.memory_mb * 1024 * 1024,

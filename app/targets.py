@@ -95,8 +95,9 @@ def hf_endpoint() -> str:
 
 
 def hf_token() -> str | None:
-    """HF_TOKEN, else the token file huggingface_hub writes (HF_TOKEN_PATH, $HF_HOME/token)."""
-    token = os.environ.get("HF_TOKEN", "").strip()
+    """HF_TOKEN (or its old name), else the token file huggingface_hub writes
+    (HF_TOKEN_PATH, $HF_HOME/token, ~/.cache/huggingface/token)."""
+    token = (os.environ.get("HF_TOKEN") or os.environ.get("HUGGING_FACE_HUB_TOKEN") or "").strip()
     if token:
         return token
     token_path = os.environ.get("HF_TOKEN_PATH")
@@ -122,7 +123,7 @@ def expand(targets: list[str], *, headers: dict[str, str] | None = None,
             out.items.extend(expand_hub(parse_hf(target)))
         elif is_url(target):
             out.items.append(ScanItem(name=target, kind="url", url=target, headers=headers or None))
-        elif target.startswith(("file://",)) or "://" in target:
+        elif "://" in target:
             raise UsageError(f"{target}: only local paths, http(s):// and hf:// targets are supported")
         else:
             out.many = _expand_local(target, out.items, skip_named_non_checkpoints) or out.many

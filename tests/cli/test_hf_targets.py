@@ -41,8 +41,8 @@ def hub(big_model: bytes) -> Iterator[FakeHub]:
 
 
 def _env(hub: FakeHub, tmp_path: Path, token: str | None = None) -> dict[str, str]:
-    env = {"HF_ENDPOINT": hub.url, "HF_HOME": str(tmp_path / "hf-home"), "HF_TOKEN": token or ""}
-    return env
+    return {"HF_ENDPOINT": hub.url, "HF_HOME": str(tmp_path / "hf-home"), "HF_TOKEN": token or "",
+            "HUGGING_FACE_HUB_TOKEN": "", "HF_TOKEN_PATH": str(tmp_path / "hf-home" / "token")}
 
 
 def test_a_repository_is_listed_sniffed_and_read_over_range(hub: FakeHub, big_model: bytes,
