@@ -19,6 +19,11 @@ from tests.cli.conftest import CKPTGUARD, EVIL, UNKNOWN_GLOBAL, run
 
 pytestmark = pytest.mark.e2e
 
+# tests/cli/sarif-schema-2.1.0.json is the official SARIF 2.1.0 JSON schema (errata01 OS,
+# "$id" https://docs.oasis-open.org/sarif/sarif/v2.1.0/errata01/os/schemas/sarif-schema-2.1.0.json),
+# copied unchanged from github.com/oasis-tcs/sarif-spec, sarif-2.1/schema/sarif-schema-2.1.0.json
+# (last changed there in commit a560296ca8c921f3bdb8d4a8db57ab83dae968a7, 2024-05-02).
+
 
 def _table_rows(stdout: str) -> dict[str, str]:
     """file -> verdict from the summary table."""
