@@ -37,7 +37,7 @@ EXIT_UNREADABLE = EXIT_BY_OUTCOME["unreadable"]
 
 SCAN_EXAMPLES = """examples:
   ckptguard scan model.pt                         one file: a summary, exit 0 if safe
-  ckptguard scan ~/.cache/huggingface/hub/models--org--name/snapshots/main -j 4
+  ckptguard scan ~/.cache/huggingface/hub/models--org--name/snapshots -j 4
   ckptguard scan 'ckpts/**/*.bin' hf://org/name@v1.0 --format sarif -o ckptguard.sarif"""
 
 
