@@ -10,15 +10,16 @@ one report, never the run. Results are gathered in item order, whatever order th
 
 from __future__ import annotations
 
-import asyncio
 import logging
+import resource
+import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from ckptguard.app.targets import ScanItem
-from ckptguard.core.errors import CkptError
+from ckptguard.core.errors import CkptError, Code
 
 DEFAULT_MEMORY_MB = 2048     # app/settings.py: worker_memory_mb
 DEFAULT_CPU_SECONDS = 120    # app/settings.py: worker_cpu_seconds
@@ -31,6 +32,8 @@ class RunLimits:
     memory_mb: int = DEFAULT_MEMORY_MB
     cpu_seconds: int = DEFAULT_CPU_SECONDS
     timeout_s: float = DEFAULT_TIMEOUT_S
+    # one target: scan it in this process (same limits) instead of starting a worker
+    inline_single: bool = True
 
 
 @dataclass(slots=True)
@@ -66,8 +69,89 @@ def _info(item: ScanItem) -> dict[str, Any]:
 
 def run(items: list[ScanItem], limits: RunLimits, *, allow: frozenset[str], verify_crc: bool,
         on_result: Progress | None = None) -> list[ItemResult]:
-    """Scan every item in the pool; one result per item, in the order of `items`."""
+    """Scan every item in the pool; one result per item, in the order of `items`.
+
+    A single item is scanned in this process under the same limits (no worker to start:
+    a one-file `ckptguard scan` costs the scan, not a second interpreter's start-up)."""
+    if len(items) == 1 and items[0].error is None and limits.inline_single:
+        result = _run_inline(items[0], limits, allow=allow, verify_crc=verify_crc)
+        if on_result is not None:
+            on_result(result)
+        return [result]
+    import asyncio
+
     return asyncio.run(_run(items, limits, allow=allow, verify_crc=verify_crc, on_result=on_result))
+
+
+class _ScanLimit(BaseException):
+    """Raised by the CPU and wall-clock signals inside an in-process scan. A BaseException,
+    so that the scanner's own catch-all (an error becomes a finding) lets it through."""
+
+    def __init__(self, code: Code, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def _run_inline(item: ScanItem, limits: RunLimits, *, allow: frozenset[str],
+                verify_crc: bool) -> ItemResult:
+    """One item in this process: RLIMIT_AS for memory, RLIMIT_CPU (SIGXCPU) for CPU time and
+    an interval timer (SIGALRM) for the wall clock, all restored afterwards."""
+    from ckptguard.app.itemscan import Skipped, scan_local, scan_remote
+    from ckptguard.core.report import SourceInfo
+    from ckptguard.core.state import ScanOptions
+
+    def stop(code: Code, message: str) -> Callable[[int, Any], None]:
+        def handler(_signum: int, _frame: Any) -> None:
+            raise _ScanLimit(code, message)
+        return handler
+
+    old_as = resource.getrlimit(resource.RLIMIT_AS)
+    old_cpu = resource.getrlimit(resource.RLIMIT_CPU)
+    old_handlers = (signal.getsignal(signal.SIGXCPU), signal.getsignal(signal.SIGALRM))
+    memory = limits.memory_mb * 1024 * 1024
+    used = resource.getrusage(resource.RUSAGE_SELF)
+    cpu_soft = int(used.ru_utime + used.ru_stime) + limits.cpu_seconds + 1
+    started = time.perf_counter()
+    options = ScanOptions(allow=allow, verify_crc=verify_crc)
+    info = SourceInfo(**_info(item))
+    try:
+        signal.signal(signal.SIGXCPU, stop(Code.RESOURCE_LIMIT, "the scan exceeded its CPU-time limit"))
+        signal.signal(signal.SIGALRM, stop(Code.TIMEOUT, f"the scan exceeded the {limits.timeout_s:g} s "
+                                                         "wall-clock limit"))
+        resource.setrlimit(resource.RLIMIT_AS, (_lower(memory, old_as[1]), old_as[1]))
+        resource.setrlimit(resource.RLIMIT_CPU, (_lower(cpu_soft, old_cpu[1]), old_cpu[1]))
+        signal.setitimer(signal.ITIMER_REAL, limits.timeout_s)
+        try:
+            result = (scan_remote(item.url, item.headers, info, options, sniff_first=item.from_listing)
+                      if item.url is not None else
+                      scan_local(item.path or "", info, options, sniff_first=item.from_listing))
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+    except _ScanLimit as exc:
+        return _failed(item, exc.code, exc.message, started)
+    except MemoryError:
+        return _failed(item, Code.RESOURCE_LIMIT, "the scan ran out of memory", started)
+    except CkptError as exc:
+        return unreadable_result(item, exc)
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, old_as)
+        resource.setrlimit(resource.RLIMIT_CPU, old_cpu)
+        signal.signal(signal.SIGXCPU, old_handlers[0])
+        signal.signal(signal.SIGALRM, old_handlers[1])
+    if isinstance(result, Skipped):
+        return ItemResult(item, skipped=result.container)
+    return ItemResult(item, result.to_json())
+
+
+def _lower(value: int, hard: int) -> int:
+    return value if hard == resource.RLIM_INFINITY else min(value, hard)
+
+
+def _failed(item: ScanItem, code: Code, message: str, started: float) -> ItemResult:
+    from ckptguard.app.jobs import failure_report
+
+    return ItemResult(item, failure_report(_info(item), code, message, time.perf_counter() - started))
 
 
 async def _run(items: list[ScanItem], limits: RunLimits, *, allow: frozenset[str], verify_crc: bool,
@@ -109,6 +193,8 @@ async def _run(items: list[ScanItem], limits: RunLimits, *, allow: frozenset[str
                 results[index] = result
                 if on_result is not None:
                     on_result(result)
+
+            import asyncio
 
             await asyncio.gather(*(one(i) for i in pending))
         finally:
