@@ -7,8 +7,10 @@ Routes call `ScanService.scan_file`; any other entry (URL, webhook) can reuse
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
+from collections.abc import Iterator
 from typing import Any, get_args
 
 from ckptguard.app.jobs import Jobs, PoolFull
@@ -47,12 +49,26 @@ class ScanService:
         self.metrics = metrics
         self.allow = frozenset(settings.allow_globals)
         self.policy = policy_key(POLICY, self.allow)
+        self.uploads_in_flight = 0   # on the event loop only: no lock needed
 
     async def lookup(self, sha256: str) -> StoredScan | None:
         return await asyncio.to_thread(self.store.find_cached, sha256, __version__, self.policy)
 
     async def record(self, report: dict[str, Any], *, cacheable: bool) -> StoredScan:
         return await asyncio.to_thread(self.store.save, report, policy=self.policy, cacheable=cacheable)
+
+    @contextlib.contextmanager
+    def upload_slot(self) -> Iterator[None]:
+        """One of `max_uploads_in_flight` receiving slots, or 503 + Retry-After."""
+        if self.uploads_in_flight >= self.settings.max_uploads_in_flight:
+            self.metrics.rejected.inc()
+            raise AppError("UPLOADS_BUSY", 503, f"{self.uploads_in_flight} uploads are being "
+                           "received; retry later", headers={"Retry-After": str(RETRY_AFTER_S)})
+        self.uploads_in_flight += 1
+        try:
+            yield
+        finally:
+            self.uploads_in_flight -= 1
 
     def refuse_if_full(self) -> None:
         """Before receiving an upload: refuse it (503) when its scan could not queue."""

@@ -43,6 +43,12 @@ class Settings(BaseSettings):
     worker_recycle_mb: int = Field(default=256, ge=1, description="recycle a worker whose resident "
                                    "memory grew by more than this many MiB in a scan (no verdict "
                                    "depends on the scans before it)")
+    max_uploads_in_flight: int = Field(
+        default=64, ge=1, description="uploads being received at once; past it: 503 + Retry-After "
+        "(each holds a connection and a spool file)")
+    upload_min_rate: int = Field(default=16 * 1024, ge=1, description="bytes/s an upload must average "
+                                 "after upload_grace_seconds, or it is cut with 408")
+    upload_grace_seconds: float = Field(default=30.0, gt=0, description="before the upload rate counts")
     max_queued_scans: int = Field(
         default=128, ge=0,
         description="upload / URL scans that may wait for a busy pool; past it: 503 + Retry-After")

@@ -10,6 +10,7 @@ as metadata only (sanitised, never joined to a path).
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import os
 import re
@@ -147,6 +148,26 @@ def sweep_stale(upload_dir: Path, max_age_s: float = 3600.0) -> int:
         except OSError:
             continue
     return removed
+
+
+async def paced(body: AsyncIterator[bytes], *, min_rate: int, grace_s: float) -> AsyncIterator[bytes]:
+    """`body`, cut with 408 when it falls behind `min_rate` bytes/s after `grace_s` seconds:
+    the next chunk must arrive by start + grace + received / min_rate. A client that
+    trickles (or stalls) would otherwise hold a connection and a spool file for ever."""
+    started = time.monotonic()
+    received = 0
+    chunks = aiter(body)
+    while True:
+        allowed = started + grace_s + received / min_rate - time.monotonic()
+        try:
+            chunk = await asyncio.wait_for(anext(chunks), timeout=max(allowed, 0.001))
+        except StopAsyncIteration:
+            return
+        except TimeoutError as exc:
+            raise AppError("UPLOAD_TOO_SLOW", 408, f"the upload fell below {min_rate} bytes/s "
+                           f"({received} bytes in {time.monotonic() - started:.0f} s)") from exc
+        received += len(chunk)
+        yield chunk
 
 
 async def receive_upload(content_type: str | None, content_length: str | None,

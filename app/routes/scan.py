@@ -6,7 +6,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from ckptguard.app.deps import AuthDep, ScanServiceDep, SettingsDep
-from ckptguard.app.uploads import receive_upload
+from ckptguard.app.uploads import paced, receive_upload
 
 router = APIRouter(tags=["scan"], dependencies=[AuthDep])
 
@@ -21,10 +21,12 @@ async def scan_upload(request: Request, settings: SettingsDep, scans: ScanServic
 
     503 (`SCAN_QUEUE_FULL`, with Retry-After) when max_queued_scans are already waiting."""
     scans.refuse_if_full()   # before a byte of the body is read
-    upload = await receive_upload(
-        request.headers.get("content-type"), request.headers.get("content-length"),
-        request.stream(), upload_dir=settings.resolved_upload_dir,
-        max_bytes=settings.max_upload_bytes)
+    with scans.upload_slot():
+        upload = await receive_upload(
+            request.headers.get("content-type"), request.headers.get("content-length"),
+            paced(request.stream(), min_rate=settings.upload_min_rate,
+                  grace_s=settings.upload_grace_seconds),
+            upload_dir=settings.resolved_upload_dir, max_bytes=settings.max_upload_bytes)
     scans.metrics.upload_bytes.inc(upload.size)
     hook = request.headers.get(TEST_HOOK_HEADER) if settings.test_hooks else None
     try:
