@@ -23,6 +23,19 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(out, default=str)
 
 
+def uvicorn_log_config(level: str) -> dict[str, Any]:
+    """uvicorn's own loggers as JSON lines too (its default config writes plain text into
+    the same stream, which breaks every line-oriented log shipper)."""
+    handler = {"class": "logging.StreamHandler", "formatter": "json", "stream": "ext://sys.stderr"}
+    return {
+        "version": 1, "disable_existing_loggers": False,
+        "formatters": {"json": {"()": f"{__name__}.JsonFormatter"}},
+        "handlers": {"stderr": handler},
+        "loggers": {name: {"handlers": ["stderr"], "level": level.upper(), "propagate": False}
+                    for name in ("uvicorn", "uvicorn.error", "uvicorn.access")},
+    }
+
+
 def configure(level: str) -> None:
     """Route the `ckptguard` loggers to stderr as JSON lines (idempotent)."""
     logger = logging.getLogger("ckptguard")

@@ -134,4 +134,5 @@ def serve(host: str | None = None, port: int | None = None) -> None:
     uvicorn.run(create_app(settings), host=host or settings.host,
                 port=settings.port if port is None else port,
                 log_level=settings.log_level.lower(), access_log=False,
+                log_config=logs.uvicorn_log_config(settings.log_level),
                 timeout_graceful_shutdown=10, server_header=False)   # no "server: uvicorn"

@@ -112,3 +112,12 @@ def test_refusals_and_upstream_failures_are_generic(server: Server) -> None:
 def test_no_server_banner(server: Server) -> None:
     r = httpx.get(f"{server.url}/healthz", timeout=10)
     assert "server" not in r.headers
+
+
+def test_every_log_line_is_json(server: Server) -> None:
+    """uvicorn's start-up and error lines included: a log shipper reads one object per line."""
+    httpx.get(f"{server.url}/healthz", timeout=10)
+    lines = [line for line in server.log_lines() if line.strip()]
+    assert lines
+    for line in lines:
+        assert isinstance(json.loads(line), dict), line
