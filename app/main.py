@@ -13,6 +13,7 @@ import importlib.util
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 from fastapi import FastAPI
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -69,6 +70,20 @@ class BodyLimit:
         await self.app(scope, limited, send)
 
 
+async def _sweep_periodically(upload_dir: Path, stale_age: float, interval: float) -> None:
+    """Spool files of uploads a killed server never finished, removed while it runs (not only
+    at start: a replica that restarts rarely would otherwise keep them for ever)."""
+    while True:
+        await asyncio.sleep(interval)
+        try:
+            removed = await asyncio.to_thread(sweep_stale, upload_dir, stale_age)
+        except OSError:
+            log.exception("sweeping stale uploads failed")
+            continue
+        if removed:
+            log.info("stale uploads removed", extra={"event": "sweep", "removed": removed})
+
+
 def create_app(settings: Settings | None = None) -> FastAPI:
     """Build the service. The database and the worker pool start in the lifespan."""
     settings = settings or Settings()
@@ -97,12 +112,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
         app.state.hub = HubRunner(settings, store, jobs=jobs, metrics=metrics)
         await app.state.hub.start()
+        sweeper = asyncio.create_task(_sweep_periodically(settings.resolved_upload_dir, stale_age,
+                                                          settings.upload_sweep_seconds))
         log.info("started", extra={"event": "start", "version": __version__,
                                    "database": store.engine.url.render_as_string(hide_password=True),
                                    "workers": settings.workers, "stale_uploads_removed": swept})
         try:
             yield
         finally:
+            sweeper.cancel()
             await app.state.hub.close()
             await jobs.close()
             await asyncio.to_thread(store.close)

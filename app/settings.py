@@ -43,6 +43,8 @@ class Settings(BaseSettings):
     worker_recycle_mb: int = Field(default=256, ge=1, description="recycle a worker whose resident "
                                    "memory grew by more than this many MiB in a scan (no verdict "
                                    "depends on the scans before it)")
+    upload_sweep_seconds: float = Field(default=600.0, gt=0, description="how often spool files "
+                                        "left by a killed server are looked for (older than an hour)")
     max_uploads_in_flight: int = Field(
         default=64, ge=1, description="uploads being received at once; past it: 503 + Retry-After "
         "(each holds a connection and a spool file)")
