@@ -50,6 +50,8 @@ class ScanService:
         self.allow = frozenset(settings.allow_globals)
         self.policy = policy_key(POLICY, self.allow)
         self.uploads_in_flight = 0   # on the event loop only: no lock needed
+        # sha256 -> the report of the scan of those bytes now running (single flight)
+        self._scanning: dict[str, asyncio.Future[dict[str, Any]]] = {}
 
     async def lookup(self, sha256: str) -> StoredScan | None:
         return await asyncio.to_thread(self.store.find_cached, sha256, __version__, self.policy)
@@ -90,14 +92,39 @@ class ScanService:
             own = await self.record(_as_callers(hit.report, info), cacheable=False)
             self._observe(own, cached=True, started=started)
             return own.to_json(cached=True)
+        if hook is None and (running := self._scanning.get(sha256)) is not None:
+            # the same bytes are being scanned for another caller: share that analysis
+            try:
+                shared: dict[str, Any] | None = await asyncio.shield(running)
+            except asyncio.CancelledError:
+                if not running.cancelled():
+                    raise                  # this caller went away
+                shared = None              # the other caller went away: scan them here
+            if shared is not None:
+                own = await self.record(_as_callers(shared, info), cacheable=False)
+                self._observe(own, cached=True, started=started)
+                return own.to_json(cached=True)
         hook_arg: Hook | None = hook if hook in HOOKS else None  # type: ignore[assignment]
+        flight: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        flight.add_done_callback(lambda f: f.cancelled() or f.exception())  # never "unretrieved"
+        if hook is None:
+            self._scanning[sha256] = flight
         try:
             outcome = await self.jobs.scan(path, info, allow=self.allow, hook=hook_arg, wait=wait)
         except CkptError as exc:
+            flight.set_exception(AppError(str(exc.code), 422, exc.message))
             raise AppError(str(exc.code), 422, exc.message) from exc
         except PoolFull as exc:
             self.metrics.rejected.inc()
+            flight.set_exception(queue_full(str(exc)))
             raise queue_full(str(exc)) from exc
+        except BaseException:
+            flight.cancel()
+            raise
+        finally:
+            if self._scanning.get(sha256) is flight:
+                del self._scanning[sha256]
+        flight.set_result(outcome.report)
         self.metrics.duration.observe(time.perf_counter() - started)
         self.metrics.bytes_read.inc(int(outcome.report.get("io", {}).get("bytes_read", 0)))
         stored = await self.record(outcome.report, cacheable=outcome.failure is None)
