@@ -19,7 +19,6 @@ from ckptguard.core.state import Analysis
 from tests.agreement import ENGINES, assert_agree
 from tests.builders.torchlayout import torch_layout
 from tests.core.lane.test_fastlane import TAKEN, _declined
-from tests.engine import needs_sound_re
 from tests.regressions.test_polyglots_and_fast_paths import FAST_PATH_CASES
 
 
@@ -35,7 +34,6 @@ def test_engines_agree_on_archives_the_lane_takes(case: str) -> None:
     assert report["verdict"] == "safe" and report["tensors"]
 
 
-@needs_sound_re
 @pytest.mark.parametrize("case", sorted(TAKEN))
 def test_the_lane_really_takes_them(case: str) -> None:
     assert try_torch_zip(BytesSource(TAKEN[case]()), Analysis())

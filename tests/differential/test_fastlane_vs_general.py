@@ -10,7 +10,6 @@ from typing import Any
 from ckptguard.core.io.source import FileSource
 from ckptguard.core.lane import torch_zip as fastlane
 from ckptguard.core.state import Analysis
-from tests.engine import needs_sound_re
 from tests.fixtures.generate import Case
 
 # Corpus cases that are a plain torch.save zip the lane is built for (by construction of
@@ -24,7 +23,6 @@ def lane_takes(path: Any) -> bool:
         return fastlane.try_torch_zip(src, Analysis())
 
 
-@needs_sound_re
 def test_lane_takes_the_plain_families(torch_corpus: dict[str, Case]) -> None:
     taken = [case_id for case_id, case in sorted(torch_corpus.items()) if lane_takes(case.path)]
     assert len(taken) >= 40, taken

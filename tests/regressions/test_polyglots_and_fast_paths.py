@@ -28,7 +28,6 @@ from ckptguard.core.report import Report
 from ckptguard.core.scan import scan_path, scan_source
 from tests.agreement import scan_with
 from tests.builders.torchlayout import torch_layout
-from tests.engine import needs_sound_re
 
 # a short relative canary: a tar name field holds 100 bytes, and a scan runs in another cwd
 CANARY = "pwned"
@@ -137,7 +136,6 @@ def test_a_tuple_dag_dict_key_is_judged_without_hashing_it(holder: str, tmp_path
     assert "torch.load would take minutes or hang" in error
 
 
-@needs_sound_re
 @pytest.mark.parametrize("holder", sorted(_DAG_HOLDERS))
 def test_the_c_speed_paths_decline_tuple_dict_keys(holder: str) -> None:
     """The C unpickler would hash the key before any check of ours could run."""

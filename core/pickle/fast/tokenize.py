@@ -32,7 +32,7 @@ from ckptguard.core.pickle.renames import torch_map
 
 _MAX_MEMO_INDEX_FLOOR = 1 << 20
 
-# Fixed-size opcodes torch accepts (FORMATS.md §3.4), as one possessive run: REDUCE
+# Fixed-size opcodes torch accepts (FORMATS.md §3.4), as one run: REDUCE
 # APPEND APPENDS SETITEM SETITEMS MARK TUPLE TUPLE1-3 EMPTY_TUPLE EMPTY_DICT EMPTY_SET NONE
 # NEWTRUE NEWFALSE BINPERSID; BININT1 BINGET BINPUT; BININT2; BININT LONG_BINGET; BINFLOAT;
 # LONG_BINPUT below 2**20; BINUNICODE under 256 bytes (one branch per length, so the regex
@@ -46,7 +46,7 @@ _MAX_MEMO_INDEX_FLOOR = 1 << 20
 _SHORT_UNICODE = b"|".join(re.escape(bytes((n,))) + rb"\x00\x00\x00(?s:.){%d}" % n
                            for n in range(256))
 _ONE_OPCODE = (
-    rb"u(?:\(u)*|e(?:\(e)*|[Rast\x85\x86\x87)\x8fN\x88\x89Q]|\((?![eu])|[Khq][\x00-\xff]"
+    rb"u(?:\(u){0,64}|e(?:\(e){0,64}|[Rast\x85\x86\x87)\x8fN\x88\x89Q]|\((?![eu])|[Khq][\x00-\xff]"
     rb"|M[\x00-\xff]{2}"
     rb"|X(?:" + _SHORT_UNICODE + rb")"
     rb"|[Jj][\x00-\xff]{4}|r[\x00-\xff]{2}[\x00-\x0f]\x00|G[\x00-\xff]{8}")
@@ -60,32 +60,27 @@ _GET = rb"(?:h[\x00-\xff]|j[\x00-\xff]{4})"
 _INT = rb"(?:K[\x00-\xff]|M[\x00-\xff]{2}|J[\x00-\xff]{4})"
 _STR = rb"X(?:" + _SHORT_UNICODE + rb")"
 _TUPLE = (rb"(?:" + _INT + rb"\x85" + _PUT + rb"?|" + _INT + _INT + rb"\x86" + _PUT + rb"?|"
-          + _INT * 3 + rb"\x87" + _PUT + rb"?|\x29|\x28" + _INT + rb"*+t" + _PUT + rb"?)")
+          + _INT * 3 + rb"\x87" + _PUT + rb"?|\x29|\x28" + _INT + rb"{0,64}t" + _PUT + rb"?)")
 _TENSOR_ENTRY = (_STR + _PUT + rb"?" + _GET + rb"\x28\x28" + _GET + _GET + _STR + _PUT + rb"?"
                  + _GET + _INT + rb"t" + _PUT + rb"?Q" + _INT + _TUPLE + _TUPLE
                  + rb"[\x88\x89]" + _GET + rb"\x29R" + _PUT + rb"?t" + _PUT + rb"?R" + _PUT + rb"?")
-_RUN = re.compile(rb"(?:" + _TENSOR_ENTRY + rb"|" + _ONE_OPCODE + rb")*+")
+# The run is a plain greedy repeat with nothing after it, not a possessive `*+` or an atomic
+# group: CPython 3.11.0-3.11.4 mis-handle those (gh-100061, gh-106052: a last try that fails
+# half-way does not restore the position, so the walk would skip bytes). Nothing follows the
+# repeat, so it never backtracks into an earlier iteration and stops where a possessive one
+# would; and every branch is a sequence of whole opcodes, so wherever a match ends is an
+# opcode boundary (tests/core/pickles/test_tokenize_walk.py checks both against pickletools).
+# A greedy repeat keeps one frame per iteration until the match returns: `{0,_CHUNK}` bounds
+# that memory, and `tokenize` calls the run again where a chunk ends (the inner repeats are
+# bounded too: a longer batch of empty batches or a longer tuple is walked, or declined,
+# opcode by opcode).
+_CHUNK = 1024
+_RUN = re.compile(rb"(?:" + _TENSOR_ENTRY + rb"|" + _ONE_OPCODE + rb"){0,%d}" % _CHUNK)
 # the same walk that also lets NEWOBJ through (core.pickle.fast.stubs's stubs judge it)
-_RUN_NEWOBJ = re.compile(rb"(?:" + _TENSOR_ENTRY + rb"|\x81|" + _ONE_OPCODE + rb")*+")
+_RUN_NEWOBJ = re.compile(rb"(?:" + _TENSOR_ENTRY + rb"|\x81|" + _ONE_OPCODE + rb"){0,%d}" % _CHUNK)
 _U32 = struct.Struct("<I")
 # EMPTY_LIST / EMPTY_DICT -> `CheckedList()` / `CheckedDict()` (StubUnpickler.find_class)
 _REWRITES = {0x5D: b"c__ckptguard__\nlist\n)R", 0x7D: b"c__ckptguard__\ndict\n)R"}
-
-
-def _engine_sound() -> bool:
-    """Does this Python's `re` restore the position when a possessive repeat's last try
-    fails half-way? CPython 3.11.0-3.11.4 do not (gh-100061, gh-106052; fixed in 3.11.5):
-    the walk would then skip bytes and could hide an opcode from the checks. Probed with the
-    shapes that break (a LONG_BINPUT and a string cut short), and one sound run."""
-    probes = (b"Nr\xf0\xff\xff\xff.", b"NX\x05\x00\x00\x00ab.", b"X\x01\x00\x00\x00kq\x01h\x02(.")
-    expected = (1, 1, 11)
-    return all(_RUN.match(p).end() == e and _RUN_NEWOBJ.match(p).end() == e  # type: ignore[union-attr]
-               for p, e in zip(probes, expected, strict=True))
-
-
-# False on a Python whose regex engine mis-walks: every walk declines, the exact
-# interpreters decide (correct, ~20x slower on big checkpoints).
-ENGINE_SOUND = _engine_sound()
 
 
 @dataclass(slots=True)
@@ -104,8 +99,6 @@ def tokenize(data: bytes, allowed: Callable[[str], bool], *, newobj: bool = Fals
     """Walk the opcodes of one pickle; Decline on anything torch would not accept.
 
     NEWOBJ declines too unless `newobj` (torch accepts it for a few classes only)."""
-    if not ENGINE_SOUND:
-        raise Decline("this Python's re mis-handles possessive repeats (fixed in 3.11.5)")
     toks = Tokens()
     pos = 0
     n = len(data)
@@ -114,9 +107,9 @@ def tokenize(data: bytes, allowed: Callable[[str], bool], *, newobj: bool = Fals
     piece_start = 0
     memo_cap = max(_MAX_MEMO_INDEX_FLOOR, n)
     while True:
-        run = match(data, pos)   # `*+` always matches, possibly empty
-        if run is not None:
-            pos = run.end()
+        run_end = match(data, pos).end()   # type: ignore[union-attr]  # {0,N} always matches
+        ran = run_end != pos
+        pos = run_end
         if pos >= n:
             raise Decline("no STOP")
         op = data[pos]
@@ -165,6 +158,8 @@ def tokenize(data: bytes, allowed: Callable[[str], bool], *, newobj: bool = Fals
         elif op == 0x2E:  # STOP
             toks.end = pos + 1
             break
+        elif ran:  # the run stopped at _CHUNK opcodes, not at this one: walk on
+            continue
         else:  # incl. NEWOBJ: torch accepts it for a few classes only, left to the exact path
             raise Decline(f"opcode {op} is not accepted here")
         if pos > n:

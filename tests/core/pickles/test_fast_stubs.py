@@ -15,9 +15,6 @@ from ckptguard.core.pickle.fast.stubs import fast_load, tokenize
 from ckptguard.core.torch.rules import check_rebuild
 from ckptguard.core.values import Call, Global, PersId
 from tests.builders.pickle_asm import asm
-from tests.engine import needs_sound_re
-
-pytestmark = needs_sound_re
 
 ALLOWED = frozenset({"collections.OrderedDict", "torch._utils._rebuild_tensor_v2",
                      "torch._utils._rebuild_parameter", "torch.FloatStorage", "torch.float32",
