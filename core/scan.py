@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from ckptguard.core import __version__
 from ckptguard.core.errors import CkptError, Code, LimitExceeded, SourceError
-from ckptguard.core.io.source import ByteSource, BytesSource, FileSource
+from ckptguard.core.io.source import ByteSource, BytesSource, FileSource, ReadOnce
 from ckptguard.core.report import FormatName, Report, SourceInfo, WeightsOnly, decide_verdict
 from ckptguard.core.sniff import HEAD_BYTES, Sniffed, sniff
 from ckptguard.core.state import Analysis, ScanOptions
@@ -58,7 +58,8 @@ def scan_source(source: ByteSource, *, options: ScanOptions | None = None,
     gc_was_enabled = gc.isenabled()
     gc.disable()
     try:
-        _analyze(source, an)
+        # remote sources keep what they fetched; a local one keeps its first small spans
+        _analyze(ReadOnce(source) if source.random_access_cheap else source, an)
     except SourceError:
         raise
     except CkptError as exc:

@@ -103,7 +103,8 @@ def analyze_zip(source: ByteSource, directory: ZipDirectory, an: Analysis) -> No
     an.io["zip_local_headers_read"] = len(locals_)
     an.io["zip_entries"] = len(directory.entries)
 
-    meta = _read_small_records(source, directory, [e for r in META_RECORDS if (e := entry(r))])
+    meta = _read_small_records(source, directory, [e for r in META_RECORDS if (e := entry(r))],
+                              locals_)
     is_torchscript = f"{prefix}/constants.pkl" in directory.by_name  # exact, as torch lists it
     torch_error = _container_error(directory, prefix, meta, source, is_torchscript)
     if is_torchscript:
@@ -118,7 +119,7 @@ def analyze_zip(source: ByteSource, directory: ZipDirectory, an: Analysis) -> No
         set_weights_only(an, err, None)
         return
     pkl_name = pkl_entry.name
-    data = read_record(source, directory, pkl_name)
+    data = read_record(source, directory, pkl_name, locals_=locals_)
     pkl_local = locals_.get(pkl_entry.index)
     base = pkl_local.data_offset if pkl_local is not None and pkl_entry.method == 0 else 0
     resolver = ZipStorageResolver(directory, prefix)
@@ -126,8 +127,8 @@ def analyze_zip(source: ByteSource, directory: ZipDirectory, an: Analysis) -> No
     for extra_pkl in ("constants.pkl",):  # TorchScript constants are pickles too
         ent = entry(extra_pkl)
         if ent is not None:
-            scan_pickle(read_record(source, directory, ent.name), an, record=ent.name,
-                        base_offset=0)
+            scan_pickle(read_record(source, directory, ent.name, locals_=locals_), an,
+                        record=ent.name, base_offset=0)
 
     storages = ([(u.key, u.nbytes) for u in scan.storages] if scan.fast
                 else storages_in_order(scan.vm.persids))
@@ -149,7 +150,8 @@ def check_generic_zip(source: ByteSource, directory: ZipDirectory, an: Analysis)
     for ent in directory.entries[:64]:
         small = ent.uncompressed_size <= an.options.limits.max_pickle_bytes
         if ent.name.endswith((".pkl", ".pickle")) and small:
-            scan_pickle(read_record(source, directory, ent.name), an, record=ent.name, base_offset=0)
+            scan_pickle(read_record(source, directory, ent.name, locals_=locals_), an,
+                        record=ent.name, base_offset=0)
 
 
 def storages_in_order(persids: Iterable[PersId]) -> list[tuple[str, int]]:
@@ -166,13 +168,14 @@ def storages_in_order(persids: Iterable[PersId]) -> list[tuple[str, int]]:
     return list(seen.items())
 
 
-def _read_small_records(source: ByteSource, directory: ZipDirectory,
-                        entries: list[ZipEntry]) -> dict[str, bytes]:
+def _read_small_records(source: ByteSource, directory: ZipDirectory, entries: list[ZipEntry],
+                        locals_: Mapping[int, LocalHeader] | None = None) -> dict[str, bytes]:
     out: dict[str, bytes] = {}
     prefix = directory.prefix()
     for ent in entries:
         if ent.uncompressed_size <= SMALL_RECORD_MAX:
-            out[ent.name[len(prefix) + 1:]] = read_record(source, directory, ent.name)
+            out[ent.name[len(prefix) + 1:]] = read_record(source, directory, ent.name,
+                                                          locals_=locals_)
     return out
 
 

@@ -29,7 +29,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ckptguard.core.errors import CkptError, Decline
-from ckptguard.core.io.source import COALESCE_GAP, COALESCE_MAX, ByteSource
+from ckptguard.core.io.source import COALESCE_MAX, ByteSource
 from ckptguard.core.limits import Limits
 from ckptguard.core.zip.directory import _read_tail, find_eocd
 from ckptguard.core.zip.layout import (
@@ -157,22 +157,37 @@ def _names(cd: bytes, start: Ints, length: Ints) -> bytes:
 
 
 def _chunks(header: Ints, span: Ints, size: int) -> list[tuple[int, int]]:
-    """Coalesced (offset, nbytes) reads covering [header, header + span) of every entry."""
+    """Reads covering [header, header + span) of every entry: only spans that touch or overlap
+    share a read, so what is read is the local headers and nothing between them, whatever the
+    sizes of the records (a checkpoint of many small tensors is not read whole; a local pread
+    is cheap, and this lane runs on local sources only)."""
     order = np.argsort(header, kind="stable")
     starts = header[order]
     ends = np.minimum(starts + span[order], size)
     reach = np.maximum.accumulate(ends)
-    breaks = np.flatnonzero(starts[1:] > reach[:-1] + COALESCE_GAP) + 1
-    out: list[tuple[int, int]] = []
-    for lo, hi in zip(np.concatenate(([0], breaks)).tolist(),
-                      np.concatenate((breaks, [len(starts)])).tolist(), strict=True):
-        while lo < hi:   # split a long run so no single read passes COALESCE_MAX (+ one header)
+    breaks = np.flatnonzero(starts[1:] > reach[:-1]) + 1
+    los = np.concatenate(([0], breaks))
+    his = np.concatenate((breaks, [len(starts)]))
+    firsts = starts[los]
+    extents = reach[his - 1] - firsts
+    out: list[tuple[int, int]] = list(zip(firsts.tolist(), extents.tolist(), strict=True))
+    long_runs = np.flatnonzero(extents > COALESCE_MAX)
+    if not len(long_runs):
+        return out
+    split: list[tuple[int, int]] = []
+    done = 0
+    for g in long_runs.tolist():   # split a long run so no read passes COALESCE_MAX (+ one header)
+        split.extend(out[done:g])
+        done = g + 1
+        lo, hi = int(los[g]), int(his[g])
+        while lo < hi:
             first = int(starts[lo])
             cut = int(np.searchsorted(starts[lo:hi], first + COALESCE_MAX, side="left")) + lo
             cut = max(cut, lo + 1)
-            out.append((first, int(reach[cut - 1]) - first))
+            split.append((first, int(reach[cut - 1]) - first))
             lo = cut
-    return out
+    split.extend(out[done:])
+    return split
 
 
 def _gather(source: ByteSource, chunks: Sequence[tuple[int, int]], at: Ints

@@ -31,7 +31,7 @@ from __future__ import annotations
 import gc
 import struct
 import zlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ckptguard.core.errors import CkptError, Code, FormatError, LimitExceeded
@@ -471,19 +471,22 @@ def read_local_headers(source: ByteSource, entries: Sequence[ZipEntry], *,
         if e.header_offset >= size and errors is not None:
             errors.append(_fmt_err(Code.ZIP_BAD_LOCAL_HEADER, "local header past the end",
                                    e.header_offset))
+    # a remote read guesses the extra field's length (one round trip); a local one reads the
+    # fixed part and the name, then exactly the extra field: no byte past the header is read
+    slack = 0 if getattr(source, "random_access_cheap", True) else LOCAL_SLACK
     spans = [(e.header_offset,
-              min(LOCAL_SIZE + len(e.name_bytes) + LOCAL_SLACK, size - e.header_offset))
+              min(LOCAL_SIZE + len(e.name_bytes) + slack, size - e.header_offset))
              for e in todo]
     bufs = source.read_many(spans) if spans else []
     out: dict[int, LocalHeader] = {}
-    retry: list[tuple[ZipEntry, int]] = []
+    retry: list[tuple[ZipEntry, bytes, int]] = []
     for e, buf in zip(todo, bufs, strict=True):
         if len(buf) >= LOCAL_SIZE and buf[:4] == b"PK\x03\x04":
             nlen, xlen = struct.unpack_from("<HH", buf, 26)
             need = LOCAL_SIZE + nlen + xlen
             if need > len(buf):
                 if e.header_offset + need <= size:
-                    retry.append((e, need))
+                    retry.append((e, buf, need))
                     continue
         try:
             out[e.index] = parse_local_header(buf, e.header_offset)
@@ -491,9 +494,11 @@ def read_local_headers(source: ByteSource, entries: Sequence[ZipEntry], *,
             exc.record = e.name
             if errors is not None:
                 errors.append(exc)
-    if retry:
-        for (e, _), buf in zip(retry, source.read_many([(e.header_offset, n) for e, n in retry]),
-                               strict=True):
+    if retry:   # only the rest of each header: what was read is not read again
+        rests = source.read_many([(e.header_offset + len(buf), need - len(buf))
+                                  for e, buf, need in retry])
+        for (e, head, _), rest in zip(retry, rests, strict=True):
+            buf = head + rest
             try:
                 out[e.index] = parse_local_header(buf, e.header_offset)
             except FormatError as exc:   # the file changed between reads: keep going
@@ -503,8 +508,11 @@ def read_local_headers(source: ByteSource, entries: Sequence[ZipEntry], *,
 
 
 def read_record(source: ByteSource, directory: ZipDirectory, name: str, *,
-                max_nbytes: int = DEFAULT_LIMITS.max_bytes_read) -> bytes:
+                max_nbytes: int = DEFAULT_LIMITS.max_bytes_read,
+                locals_: Mapping[int, LocalHeader] | None = None) -> bytes:
     """The bytes torch would read for record `name` (full name incl. prefix).
+
+    `locals_`: local headers already read (by entry index): not read again.
 
     Stored: the exact bytes; deflated: inflated with a size cap; other methods or
     encryption: FormatError (torch: "unsupported method"/"unsupported encryption").
@@ -526,7 +534,9 @@ def read_record(source: ByteSource, directory: ZipDirectory, name: str, *,
                             f"{name} holds {entry.uncompressed_size} bytes (cap {max_nbytes})",
                             offset=entry.header_offset, record=name)
     errors: list[CkptError] = []
-    local = read_local_headers(source, [entry], errors=errors).get(entry.index)
+    local = locals_.get(entry.index) if locals_ is not None else None
+    if local is None:
+        local = read_local_headers(source, [entry], errors=errors).get(entry.index)
     if local is None:
         err = errors[0] if errors else _fmt_err(Code.ZIP_BAD_LOCAL_HEADER, "bad local header",
                                                 entry.header_offset)
