@@ -202,6 +202,8 @@ class Code(StrEnum):
     LIMIT_TENSORS = "LIMIT_TENSORS", _H, _X, "too many tensors"
     LIMIT_BYTES_READ = "LIMIT_BYTES_READ", _H, _X, "the scan would read more bytes than allowed"
     LIMIT_HEADER = "LIMIT_HEADER", _H, _X, "a format header is larger than allowed"
+    LIMIT_NAME = ("LIMIT_NAME", _L, _N,
+                  "tensor names or paths longer than the cap were shortened to a prefix and a digest")
     RESOURCE_LIMIT = "RESOURCE_LIMIT", _H, _X, "the scan worker ran out of memory or CPU time"
     TIMEOUT = "TIMEOUT", _H, _X, "the scan took longer than the wall-clock limit"
     WORKER_CRASHED = "WORKER_CRASHED", _H, _X, "the scan worker died"

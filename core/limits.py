@@ -20,6 +20,9 @@ class Limits:
     max_central_dir_bytes: int = 512 * 1024 * 1024
     max_tensors: int = 5_000_000
     max_manifest_dims: int = 16_000_000          # shape, stride and path items over all tensors
+    # one tensor's name (and path): longer ones keep a prefix + "...#sha256:" + the digest of
+    # the whole name (LIMIT_NAME), so names under a deep memoized key stay small
+    max_name_chars: int = 512
     max_bytes_read: int = 1024 * 1024 * 1024     # what a scan may read (not the file size)
     # a remote body slower than this on average, once the grace period has passed, is cut:
     # a server trickling one byte every few seconds never trips a per-read timeout

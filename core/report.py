@@ -7,6 +7,8 @@ Field names are fixed by shared/docs/DESIGN.md; fields may be added, never renam
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple
@@ -81,6 +83,78 @@ class TensorEntry(NamedTuple):
         out["path"], out["shape"], out["stride"] = list(self.path), list(self.shape), list(self.stride)
         out["flags"] = list(self.flags)
         return out
+
+
+# A tensor name or path longer than Limits.max_name_chars keeps a prefix and ends with this
+# marker and the SHA-256 of the whole name (64 hex digits): a report's size then follows the
+# pickle, not the depth at which it repeats one memoized key (issue 14).
+NAME_MARK = "...#sha256:"
+
+
+def _digest(name: str) -> str:
+    return hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def json_len(text: str) -> int:
+    """Characters `text` takes in the report's JSON (ASCII-escaped), without the quotes."""
+    if text.isascii() and text.isprintable() and '"' not in text and "\\" not in text:
+        return len(text)
+    return len(json.dumps(text)) - 2
+
+
+def bounded_name(name: str, max_chars: int) -> str:
+    """`name`, or its first characters + NAME_MARK + its digest, at most `max_chars` JSON
+    characters in all."""
+    if len(name) <= max_chars and json_len(name) <= max_chars:
+        return name
+    budget = max(0, max_chars - len(NAME_MARK) - 64)
+    prefix = name[:budget]
+    while (cost := json_len(prefix)) > budget:   # escapes: shrink until it fits
+        prefix = prefix[:len(prefix) * budget // cost - 1] if cost else ""
+    return prefix + NAME_MARK + _digest(name)
+
+
+def join_name(path: Sequence[str | int], max_chars: int) -> str:
+    """A tensor's name: its path's segments joined by dots, bounded (`bounded_name`)."""
+    return bounded_name(".".join(map(str, path)), max_chars)
+
+
+def _is_bounded(name: str) -> bool:
+    return len(name) >= 64 + len(NAME_MARK) and name[-64 - len(NAME_MARK):-64] == NAME_MARK
+
+
+def bounded_path(path: Sequence[str | int], name: str, max_chars: int) -> list[str | int]:
+    """The leading segments that fit in `max_chars` JSON characters (a segment that does not
+    fit is dropped), then one segment NAME_MARK + the digest of the whole name (`name`'s)."""
+    budget = max_chars - len(NAME_MARK) - 64
+    out: list[str | int] = []
+    used = 0
+    for seg in path:
+        cost = json_len(seg) + 3 if type(seg) is str else len(str(seg)) + 1
+        if used + cost > budget:
+            break
+        out.append(seg)
+        used += cost
+    out.append(NAME_MARK + name[-64:])
+    return out
+
+
+def bound_names(tensors: list[TensorEntry], max_chars: int) -> int:
+    """Shorten, in place, every name past `max_chars` JSON characters, and its path; how many
+    were. (A path takes at most ~2x its name's characters: quotes and commas per segment.)"""
+    shortened = 0
+    quick = max_chars // 12   # no name this short can escape past max_chars
+    for i, t in enumerate(tensors):
+        name = t.name
+        if len(name) <= quick:
+            continue
+        if not (_is_bounded(name) and json_len(name) <= max_chars):   # not shortened yet
+            name = bounded_name(name, max_chars)
+            if name is t.name:
+                continue
+        tensors[i] = t._replace(name=name, path=bounded_path(t.path, name, max_chars))
+        shortened += 1
+    return shortened
 
 
 class StorageEntry(NamedTuple):

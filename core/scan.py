@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 from ckptguard.core import __version__
 from ckptguard.core.errors import CkptError, Code, LimitExceeded, SourceError
 from ckptguard.core.io.source import ByteSource, BytesSource, FileSource, ReadOnce
-from ckptguard.core.report import FormatName, Report, SourceInfo, WeightsOnly, decide_verdict
+from ckptguard.core.report import FormatName, Report, SourceInfo, WeightsOnly, bound_names, decide_verdict
 from ckptguard.core.sniff import HEAD_BYTES, Sniffed, sniff
 from ckptguard.core.state import Analysis, ScanOptions
 
@@ -92,6 +92,11 @@ def scan_bytes(data: bytes, *, options: ScanOptions | None = None, name: str = "
 
 
 def _report(an: Analysis, source: ByteSource, info: SourceInfo, started: float) -> Report:
+    max_name = an.options.limits.max_name_chars
+    shortened = bound_names(an.tensors, max_name)
+    if shortened:
+        an.add(Code.LIMIT_NAME, f"{shortened} tensor names and paths were longer than {max_name} "
+               "characters: each keeps a prefix, then '...#sha256:' and the digest of the whole name")
     wo = an.weights_only or WeightsOnly(loadable=False, error="not a torch checkpoint",
                                         error_type=None)
     verdict = decide_verdict(an.findings, wo.loadable)

@@ -57,7 +57,7 @@ from ckptguard.core.pickle.fast.column_stubs import (
 )
 from ckptguard.core.pickle.fast.tokenize import CheckedDict, CheckedList, Tokens
 from ckptguard.core.pickle.vm import VmResult
-from ckptguard.core.report import StorageEntry, TensorEntry
+from ckptguard.core.report import StorageEntry, TensorEntry, join_name
 from ckptguard.core.state import Analysis
 from ckptguard.core.threats.assess import assess
 from ckptguard.core.torch.dtypes import ITEMSIZE, PACKED_PER_BYTE
@@ -444,7 +444,8 @@ def _walk(loaded: Loaded, views: _Views, storages: _Storages, record: str,
             # then what BUILD set on it (its `_metadata`), walked
             start = [((_segment(k),), v) for k, v in reversed(flat[2].items())]
         paths, values = _found(loaded, storages.ref_ids, max_tensors, limits.max_depth, start)
-        names = [p[0] if len(p) == 1 and type(p[0]) is str else ".".join(map(str, p))
+        max_name = limits.max_name_chars
+        names = [p[0] if len(p) == 1 and type(p[0]) is str else join_name(p, max_name)
                  for p in paths]
         paths = list(map(list, paths))
         if flat is not None:

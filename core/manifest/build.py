@@ -58,7 +58,7 @@ from typing import Any, Protocol
 
 from ckptguard.core.errors import Code, LimitExceeded
 from ckptguard.core.manifest.keynames import segment
-from ckptguard.core.report import StorageEntry, TensorEntry
+from ckptguard.core.report import StorageEntry, TensorEntry, join_name
 from ckptguard.core.state import Analysis
 from ckptguard.core.torch.dtypes import (
     ITEMSIZE,
@@ -225,6 +225,7 @@ class _Builder:
         # one tensor met at 250k paths with 1,000 dims is 500 M list items from a 500 KB
         # file: the entries' shape, stride and path items are bounded in all
         self.max_items = an.options.limits.max_manifest_dims
+        self.max_name = an.options.limits.max_name_chars
         self.items_left = self.max_items
         self.append = an.tensors.append
 
@@ -334,7 +335,8 @@ class _Builder:
             return False
         self.charge(len(path) + 2 * len(shape))
         base = entry.data_offset
-        name = path[0] if len(path) == 1 and type(path[0]) is str else ".".join(map(str, path))
+        name = path[0] if len(path) == 1 and type(path[0]) is str \
+            else join_name(path, self.max_name)  # type: ignore[arg-type]
         self.append(TensorEntry(
             name, list(path), dtype, list(shape), list(stride), offset, entry.key,  # type: ignore[arg-type]
             "tensor", rg, None if base is None else base + start, nbytes, self.record))
@@ -480,7 +482,7 @@ class _Builder:
              stride: list[int], offset: int, storage: _Storage | None, view_byte: int,
              view_limit: int, rg: bool, flags: list[str] | None = None) -> None:
         self.charge(len(path) + len(shape) + len(stride))
-        name = ".".join(map(str, path))
+        name = join_name(path, self.max_name)  # type: ignore[arg-type]
         itemsize = ITEMSIZE[dtype]
         if len(shape) != len(stride) and kind != "sparse" and kind != "nested":
             self.bad(f"{name}: unequal size length ({len(shape)}) and stride length ({len(stride)})",
