@@ -21,8 +21,6 @@ from dataclasses import dataclass
 from itertools import chain
 from typing import Any
 
-import numpy as np
-
 from ckptguard.core.errors import Decline
 from ckptguard.core.pickle.fast.stubs import OrderedDictStub
 from ckptguard.core.pickle.fast.tokenize import CheckedDict
@@ -304,6 +302,8 @@ def all_of_type(values: Any, kind: type) -> bool:
 
 def view_extents(sizes: Any, strides: Any) -> tuple[Any, Any]:
     """(1 + sum((n - 1) * stride), numel == 0) per tensor, in int64 without overflow."""
+    import numpy as np  # only the column paths need numpy: a small scan does not load it
+
     count = len(sizes)
     flat_n = list(chain.from_iterable(sizes))
     flat_s = list(chain.from_iterable(strides))

@@ -17,6 +17,7 @@ hash each tuple of a DAG once.
 
 from __future__ import annotations
 
+import functools
 import gc
 import io
 import pickle
@@ -75,9 +76,16 @@ _TENSOR_ENTRY = (_STR + _PUT + rb"?" + _GET + rb"\x28\x28" + _GET + _GET + _STR 
 # bounded too: a longer batch of empty batches or a longer tuple is walked, or declined,
 # opcode by opcode).
 _CHUNK = 1024
-_RUN = re.compile(rb"(?:" + _TENSOR_ENTRY + rb"|" + _ONE_OPCODE + rb"){0,%d}" % _CHUNK)
+_RUN_SOURCE = rb"(?:" + _TENSOR_ENTRY + rb"|" + _ONE_OPCODE + rb"){0,%d}" % _CHUNK
 # the same walk that also lets NEWOBJ through (core.pickle.fast.stubs's stubs judge it)
-_RUN_NEWOBJ = re.compile(rb"(?:" + _TENSOR_ENTRY + rb"|\x81|" + _ONE_OPCODE + rb"){0,%d}" % _CHUNK)
+_RUN_NEWOBJ_SOURCE = rb"(?:" + _TENSOR_ENTRY + rb"|\x81|" + _ONE_OPCODE + rb"){0,%d}" % _CHUNK
+
+
+@functools.cache
+def run_pattern(newobj: bool) -> re.Pattern[bytes]:
+    """The compiled walk (compiled on first use: ~50 ms each, which a process that scans
+    one small pickle, or no pickle at all, need not pay)."""
+    return re.compile(_RUN_NEWOBJ_SOURCE if newobj else _RUN_SOURCE)
 _U32 = struct.Struct("<I")
 # EMPTY_LIST / EMPTY_DICT -> `CheckedList()` / `CheckedDict()` (StubUnpickler.find_class)
 _REWRITES = {0x5D: b"c__ckptguard__\nlist\n)R", 0x7D: b"c__ckptguard__\ndict\n)R"}
@@ -102,7 +110,7 @@ def tokenize(data: bytes, allowed: Callable[[str], bool], *, newobj: bool = Fals
     toks = Tokens()
     pos = 0
     n = len(data)
-    match = (_RUN_NEWOBJ if newobj else _RUN).match
+    match = run_pattern(newobj).match
     pieces: list[bytes] = []
     piece_start = 0
     memo_cap = max(_MAX_MEMO_INDEX_FLOOR, n)

@@ -47,7 +47,7 @@ def _opcodes_in(tree: Any) -> set[Any]:
 
 
 def test_the_walk_uses_no_construct_3_11_0_to_3_11_4_get_wrong() -> None:
-    for run in (pickletoken._RUN, pickletoken._RUN_NEWOBJ):
+    for run in (pickletoken.run_pattern(False), pickletoken.run_pattern(True)):
         used = _opcodes_in(sre_parser.parse(run.pattern))
         assert sre_constants.MAX_REPEAT in used   # the parse walk itself works
         assert not used & _UNSOUND_ON_3_11_0_TO_4
@@ -58,7 +58,7 @@ def test_the_shapes_that_broke_possessive_repeats() -> None:
     their first byte (the old possessive run skipped into them on 3.11.0-3.11.4)."""
     for data, stop in ((b"Nr\xf0\xff\xff\xff.", 1), (b"NX\x05\x00\x00\x00ab.", 1),
                        (b"X\x01\x00\x00\x00kq\x01h\x02(.", 11)):
-        for run in (pickletoken._RUN, pickletoken._RUN_NEWOBJ):
+        for run in (pickletoken.run_pattern(False), pickletoken.run_pattern(True)):
             assert run.match(data).end() == stop  # type: ignore[union-attr]
 
 
