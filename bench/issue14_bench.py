@@ -1,0 +1,234 @@
+"""Bounded cost (issue 14), side by side in one run, as ratios.
+
+    python bench/issue14_bench.py [--quick] [--python PATH ...] [--tensors-small N]
+
+Writes into a temp dir (deleted afterwards) and prints one table:
+  many-small   a torch.save of N float32 tensors of 40 KB (default 40,000: 1.6 GB): ckptguard's
+               bytes read, peak RSS (VmHWM) and time (a fresh process each, best of 3), next to
+               torch.load(weights_only=True, mmap=True) and picklescan (if installed);
+  report size  report JSON bytes per pickle byte on the hostile name cases (one memoized long
+               key under many nested dicts) and the bound 8 x pickle + 2 KiB per tensor;
+  cold start   whole-process `ckptguard scan` of a ~250-byte pickle vs `python -c pass`, and of
+               the 10,000-tensor file vs a whole-process torch.load(weights_only, mmap);
+  10k          the 10,000-tensor scan (in-process, best of 5) on every --python given (each
+               needs ckptguard installed) and whether the fast lane took it, vs torch.load;
+  remote       the 100,000-tensor file over HTTP Range from tests/rangeserver.py on 127.0.0.1
+               vs the same scan from disk: requests and round trips.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import zipfile
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+# run in a fresh interpreter: prints one JSON line
+_SCAN_ONE = r"""
+import json, sys, time
+from ckptguard.core.scan import scan_path
+best, report = float("inf"), None
+for _ in range(int(sys.argv[2])):
+    t = time.perf_counter(); report = scan_path(sys.argv[1]); best = min(best, time.perf_counter() - t)
+from ckptguard.core.io.source import FileSource
+from ckptguard.core.lane import torch_zip
+from ckptguard.core.state import Analysis
+with FileSource(sys.argv[1]) as src:
+    lane = torch_zip.try_torch_zip(src, Analysis())
+hwm = [l for l in open("/proc/self/status") if l.startswith("VmHWM")][0].split()[1]
+print(json.dumps({"s": best, "rss_mb": int(hwm) / 1024,
+                  "bytes_read": report.io["bytes_read"], "verdict": report.verdict, "lane": lane,
+                  "python": sys.version.split()[0]}))
+"""
+_TORCH_ONE = r"""
+import json, sys, time, torch
+best = float("inf")
+for _ in range(int(sys.argv[2])):
+    t = time.perf_counter(); sd = torch.load(sys.argv[1], weights_only=True, mmap=True)
+    best = min(best, time.perf_counter() - t); del sd
+hwm = [l for l in open("/proc/self/status") if l.startswith("VmHWM")][0].split()[1]
+print(json.dumps({"s": best, "rss_mb": int(hwm) / 1024}))
+"""
+_PICKLESCAN_ONE = r"""
+import json, sys, time
+from picklescan.scanner import scan_file_path
+t = time.perf_counter(); scan_file_path(sys.argv[1])
+hwm = [l for l in open("/proc/self/status") if l.startswith("VmHWM")][0].split()[1]
+print(json.dumps({"s": time.perf_counter() - t, "rss_mb": int(hwm) / 1024}))
+"""
+
+
+def _run_json(python: str, code: str, *args: str) -> dict[str, object]:
+    out = subprocess.run([python, "-c", code, *args], capture_output=True, text=True, check=True,
+                         cwd=ROOT)
+    return json.loads(out.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+def _wall(cmd: list[str], repeat: int = 5) -> float:
+    best = float("inf")
+    for _ in range(repeat):
+        t = time.perf_counter()
+        subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+def _row(*cells: object) -> None:
+    print("| " + " | ".join(str(c) for c in cells) + " |", flush=True)
+
+
+def many_small(tmp: Path, n: int) -> None:
+    path = tmp / "many_small.pt"
+    torch.save({f"layer.{i}.weight": torch.full((10_000,), float(i)) for i in range(n)}, path)
+    size = path.stat().st_size
+    cg = _run_json(sys.executable, _SCAN_ONE, str(path), "3")
+    tl = _run_json(sys.executable, _TORCH_ONE, str(path), "3")
+    print(f"\n### many-small: {n:,} x 40 KB float32, {size / 1e9:.2f} GB\n")
+    _row("tool", "bytes read", "peak RSS MB", "time s", "vs ckptguard")
+    _row("---", "---", "---", "---", "---")
+    _row("ckptguard scan", f"{cg['bytes_read']:,}", f"{cg['rss_mb']:.0f}", f"{cg['s']:.3f}", "1.0x")
+    _row("torch.load(weights_only, mmap)", "mmap", f"{tl['rss_mb']:.0f}", f"{tl['s']:.3f}",
+         f"{float(tl['s']) / float(cg['s']):.1f}x slower")  # type: ignore[arg-type]
+    if shutil.which("picklescan") or _has("picklescan"):
+        ps = _run_json(sys.executable, _PICKLESCAN_ONE, str(path))
+        _row("picklescan", "whole file", f"{ps['rss_mb']:.0f}", f"{ps['s']:.3f}",
+             f"{float(ps['s']) / float(cg['s']):.1f}x slower")  # type: ignore[arg-type]
+    else:
+        _row("picklescan", "not installed", "", "", "")
+
+
+def _has(module: str) -> bool:
+    import importlib.util
+    return importlib.util.find_spec(module) is not None
+
+
+def report_size() -> None:
+    from ckptguard.core.scan import scan_bytes
+
+    print("\n### report size on hostile names (bound: 8 x pickle + 2 KiB per tensor)\n")
+    _row("case", "pickle bytes", "tensors", "report bytes", "report / pickle", "report / bound")
+    _row("---", "---", "---", "---", "---", "---")
+    for depth, tensors, keylen in ((256, 1_000, 1_000), (64, 100, 4_000), (1, 1_000, 100_000)):
+        key = "k" * keylen
+        tree: dict[str, object] = {f"t{i}": torch.zeros(1) for i in range(tensors)}
+        for _ in range(depth):
+            tree = {key: tree}
+        buf = io.BytesIO()
+        torch.save(tree, buf)
+        data = buf.getvalue()
+        with zipfile.ZipFile(io.BytesIO(data)) as zf:
+            pkl = sum(i.file_size for i in zf.infolist() if i.filename.endswith(".pkl"))
+        size = len(json.dumps(scan_bytes(data).to_json()).encode())
+        _row(f"{depth} dicts x key of {keylen:,} chars", f"{pkl:,}", tensors, f"{size:,}",
+             f"{size / pkl:.1f}", f"{size / (8 * pkl + 2048 * tensors):.2f}")
+
+
+def cold_start(tmp: Path, ten_k: Path) -> None:
+    import pickle
+
+    tiny = tmp / "tiny.pkl"
+    tiny.write_bytes(pickle.dumps({"a": [1, 2, 3], "b": "x" * 200}, protocol=2))
+    cli = str(Path(sys.executable).with_name("ckptguard"))
+    base = _wall([sys.executable, "-c", "pass"])
+    scan_tiny = _wall([cli, "scan", str(tiny)])
+    scan_10k = _wall([cli, "scan", str(ten_k)], 3)
+    load_10k = _wall([sys.executable, "-c",
+                      f"import torch; torch.load({str(ten_k)!r}, weights_only=True, mmap=True)"], 3)
+    print("\n### cold start (whole process, best of 5 / 3)\n")
+    _row("command", "wall s", "ratio")
+    _row("---", "---", "---")
+    _row("python -c pass", f"{base:.3f}", "1.0x")
+    _row(f"ckptguard scan tiny.pkl ({tiny.stat().st_size} B)", f"{scan_tiny:.3f}",
+         f"{scan_tiny / base:.1f}x python -c pass")
+    _row("ckptguard scan 10k.pt", f"{scan_10k:.3f}", "")
+    _row("python -c 'torch.load(10k.pt, weights_only, mmap)'", f"{load_10k:.3f}",
+         f"{load_10k / scan_10k:.1f}x slower than ckptguard")
+
+
+def ten_k(ten_k_path: Path, pythons: list[str]) -> None:
+    tl = _run_json(sys.executable, _TORCH_ONE, str(ten_k_path), "5")
+    print("\n### 10,000 tensors, in-process, best of 5\n")
+    _row("python", "fast lane took it", "ckptguard ms", "torch.load ms", "ratio")
+    _row("---", "---", "---", "---", "---")
+    for py in pythons:
+        r = _run_json(py, _SCAN_ONE, str(ten_k_path), "5")
+        _row(r["python"], r["lane"], f"{float(r['s']) * 1e3:.1f}",  # type: ignore[arg-type]
+             f"{float(tl['s']) * 1e3:.1f}", f"{float(tl['s']) / float(r['s']):.1f}x")  # type: ignore[arg-type]
+
+
+def remote(tmp: Path) -> None:
+    from ckptguard.core.io.http import HttpSource
+    from ckptguard.core.io.urlguard import UrlGuard
+    from ckptguard.core.scan import scan_path, scan_source
+
+    path = tmp / "100k.pt"
+    torch.save({f"model.layers.{i}.weight": torch.zeros(2) for i in range(100_000)}, path)
+    local = min(_timed(lambda: scan_path(path)) for _ in range(3))
+    server = subprocess.Popen([sys.executable, "-m", "tests.rangeserver", str(path)], cwd=ROOT,
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert server.stdout is not None
+        url = f"http://127.0.0.1:{int(server.stdout.readline())}/{path.name}"
+        best, requests, trips = float("inf"), 0, 0
+        for _ in range(3):
+            t = time.perf_counter()
+            with HttpSource(url, guard=UrlGuard(allowlist=("127.0.0.1",))) as src:
+                scan_source(src)
+                requests, trips = src.stats.requests, src.round_trips
+            best = min(best, time.perf_counter() - t)
+    finally:
+        assert server.stdin is not None
+        server.stdin.close()
+        server.wait(timeout=30)
+    print("\n### remote vs local: 100,000 tensors, best of 3\n")
+    _row("source", "time s", "requests", "round trips", "ratio")
+    _row("---", "---", "---", "---", "---")
+    _row("local file", f"{local:.3f}", "", "", "1.0x")
+    _row("HTTP Range, 127.0.0.1", f"{best:.3f}", requests, trips, f"{best / local:.1f}x")
+
+
+def _timed(fn: object) -> float:
+    t = time.perf_counter()
+    fn()  # type: ignore[operator]
+    return time.perf_counter() - t
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="4,000 small tensors instead of 40,000")
+    ap.add_argument("--python", action="append", default=[],
+                    help="more interpreters for the 10k row (each with ckptguard installed)")
+    ap.add_argument("--skip", default="", help="comma-separated: many,report,cold,10k,remote")
+    args = ap.parse_args()
+    skip = set(args.skip.split(","))
+    print(f"python {sys.version.split()[0]}, torch {torch.__version__}, {os.cpu_count()} cpus")
+    with tempfile.TemporaryDirectory(prefix="ckptguard-i14-") as d:
+        tmp = Path(d)
+        ten_k_path = tmp / "10k.pt"
+        torch.save({f"layer.{i}.weight": torch.zeros(2, 2) for i in range(10_000)}, ten_k_path)
+        if "many" not in skip:
+            many_small(tmp, 4_000 if args.quick else 40_000)
+        if "report" not in skip:
+            report_size()
+        if "cold" not in skip:
+            cold_start(tmp, ten_k_path)
+        if "10k" not in skip:
+            ten_k(ten_k_path, [sys.executable, *args.python])
+        if "remote" not in skip:
+            remote(tmp)
+
+
+if __name__ == "__main__":
+    main()
