@@ -58,6 +58,7 @@ class Limits:
     # Findings: past these a report lists one summary per code instead of every repeat, so
     # its size follows the anomalies' kinds, not their count.
     max_zip_findings_per_code: int = 50         # zip forensics
+    max_findings_per_code: int = 1_000          # any code (and severity), then one summary
     max_pt2_findings_per_code: int = 100
     max_pt2_message_chars: int = 600
     max_nested_findings: int = 200              # merged from a checkpoint nested in a .pt2

@@ -97,6 +97,7 @@ def _report(an: Analysis, source: ByteSource, info: SourceInfo, started: float) 
     if shortened:
         an.add(Code.LIMIT_NAME, f"{shortened} tensor names and paths were longer than {max_name} "
                "characters: each keeps a prefix, then '...#sha256:' and the digest of the whole name")
+    an.capped_findings()
     wo = an.weights_only or WeightsOnly(loadable=False, error="not a torch checkpoint",
                                         error_type=None)
     verdict = decide_verdict(an.findings, wo.loadable)

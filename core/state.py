@@ -54,12 +54,29 @@ class Analysis:
     io: dict[str, int] = field(default_factory=dict)   # read-side counts beyond the source's
     # digests of the inline pickles (`pickle.loads(b'...')`) already interpreted: each once
     nested_pickles: set[bytes] = field(default_factory=set)
+    # findings per (code, severity) so far; past Limits.max_findings_per_code they are only
+    # counted, and `capped_findings` adds one summary per code (a report's size follows the
+    # kinds of anomaly, not their count; the verdict keeps the first ones of each severity)
+    per_code: dict[tuple[Code, Severity | None], int] = field(default_factory=dict)
 
     def add(self, code: Code, message: str, *, record: str | None = None,
             offset: int | None = None, severity: Severity | None = None) -> Finding:
         finding = Finding(code, message, severity, record, offset)
-        self.findings.append(finding)
+        key = (code, severity)
+        seen = self.per_code.get(key, 0) + 1
+        self.per_code[key] = seen
+        if seen <= self.options.limits.max_findings_per_code:
+            self.findings.append(finding)
         return finding
+
+    def capped_findings(self) -> None:
+        """One summary finding per (code, severity) whose findings passed the cap."""
+        cap = self.options.limits.max_findings_per_code
+        for (code, severity), seen in list(self.per_code.items()):
+            if seen > cap:
+                self.findings.append(Finding(
+                    code, f"{seen - cap} more {code} findings not listed "
+                    f"(Limits.max_findings_per_code = {cap})", severity, None, None))
 
     def add_error(self, exc: CkptError) -> Finding:
         return self.add(exc.code, exc.message, record=exc.record, offset=exc.offset)
