@@ -1,6 +1,6 @@
 """The report: ckptguard's public JSON contract (schema_version 1).
 
-Field names are fixed by shared/docs/DESIGN.md; fields may be added, never renamed.
+Field names are the public contract (README, "The report"); fields may be added, never renamed.
 `Report.to_json()` is what the service returns and `ckptguard scan --json` prints.
 """
 

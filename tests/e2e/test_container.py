@@ -1,4 +1,4 @@
-"""Build the Dockerfile with podman, run the image, scan through it (shared/docs/CONTAINERS.md).
+"""Build the Dockerfile with podman, run the image, scan through it (the recipe: README, "Deployment").
 
 Skips with the reason when podman/runc are missing; CI (.ci/run) installs them. Without a
 registry the base image is built locally with debootstrap (Debian bookworm + python3).
