@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import multiprocessing as mp
+import os
 import signal
 import time
 from collections.abc import Callable
@@ -48,7 +49,7 @@ class _Worker:
     def __init__(self, limits: WorkerLimits) -> None:
         parent, child = _CTX.Pipe(duplex=True)
         self.conn: Connection = parent
-        self.process: BaseProcess = _CTX.Process(target=main, args=(child, limits),
+        self.process: BaseProcess = _CTX.Process(target=main, args=(child, limits, os.getpid()),
                                                  name="ckptguard-scan", daemon=True)
         self.process.start()
         child.close()

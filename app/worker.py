@@ -136,8 +136,23 @@ def _scan(job: Job, limits: WorkerLimits) -> Reply:
     return ("ok", report.to_json(), recycle)
 
 
-def main(conn: Connection, limits: WorkerLimits) -> None:
+def _die_with_parent(parent: int) -> None:
+    """Linux: the kernel kills this worker when the process that started it dies (a killed
+    server must not leave a worker scanning for nobody). Elsewhere a no-op."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL, 0, 0, 0)   # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:   # it died before prctl took effect
+        os._exit(1)
+
+
+def main(conn: Connection, limits: WorkerLimits, parent: int | None = None) -> None:
     """Worker loop: receive a Job, send a Reply; exit on None or a closed pipe."""
+    _die_with_parent(parent if parent is not None else os.getppid())
     import ckptguard.core.scan  # noqa: F401  (warm imports before the address-space cap)
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when workers stop
