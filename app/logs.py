@@ -8,7 +8,9 @@ import sys
 from datetime import UTC, datetime
 from typing import Any
 
-_RESERVED = set(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime"}
+# uvicorn adds `color_message` (the message with ANSI colours): not for a JSON log
+_RESERVED = set(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime",
+                                                                        "color_message"}
 
 
 class JsonFormatter(logging.Formatter):

@@ -4,6 +4,7 @@ cut with 408 by its minimum rate and leaves no spool file; uploads in flight are
 
 from __future__ import annotations
 
+import json
 import socket
 import time
 from collections.abc import Iterator
@@ -81,3 +82,16 @@ def test_uploads_in_flight_are_capped(server: Server) -> None:
     time.sleep(2)   # the trickler is cut (408): its slot is free again
     r = httpx.post(f"{server.url}/scan", files={"file": ("b.pkl", b"\x80\x04K\x01.", "x/y")}, timeout=30)
     assert r.status_code == 200 and r.json()["verdict"] == "safe"
+
+
+def test_a_client_that_disconnects_is_one_info_line(server: Server) -> None:
+    before = len(server.log_lines())
+    sock = _start_trickle(server)
+    sock.sendall(b"\0" * 5000)
+    time.sleep(0.3)
+    sock.close()
+    time.sleep(1.0)
+    new = [json.loads(line) for line in server.log_lines()[before:] if line.strip()]
+    assert [e["msg"] for e in new if e.get("event") == "disconnect"] == \
+        ["client disconnected during the upload"]
+    assert not [e for e in new if e["level"] == "error" or "exc" in e]
