@@ -87,11 +87,7 @@ class ScanService:
         started = time.perf_counter()
         sha256 = str(info["sha256"])
         if hook is None and (hit := await self.lookup(sha256)) is not None:
-            # the analysis is shared, the record is the caller's own: its id, its file name,
-            # its time (another caller's name and upload time are not this caller's to see)
-            own = await self.record(_as_callers(hit.report, info), cacheable=False)
-            self._observe(own, cached=True, started=started)
-            return own.to_json(cached=True)
+            return await self._share(hit.report, info, started)
         if hook is None and (running := self._scanning.get(sha256)) is not None:
             # the same bytes are being scanned for another caller: share that analysis
             try:
@@ -101,9 +97,7 @@ class ScanService:
                     raise                  # this caller went away
                 shared = None              # the other caller went away: scan them here
             if shared is not None:
-                own = await self.record(_as_callers(shared, info), cacheable=False)
-                self._observe(own, cached=True, started=started)
-                return own.to_json(cached=True)
+                return await self._share(shared, info, started)
         hook_arg: Hook | None = hook if hook in HOOKS else None  # type: ignore[assignment]
         flight: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         flight.add_done_callback(lambda f: f.cancelled() or f.exception())  # never "unretrieved"
@@ -112,6 +106,7 @@ class ScanService:
         try:
             outcome = await self.jobs.scan(path, info, allow=self.allow, hook=hook_arg, wait=wait)
         except CkptError as exc:
+            # one problem object per waiter: an exception raised in two tasks shares a traceback
             flight.set_exception(AppError(str(exc.code), 422, exc.message))
             raise AppError(str(exc.code), 422, exc.message) from exc
         except PoolFull as exc:
@@ -130,6 +125,13 @@ class ScanService:
         stored = await self.record(outcome.report, cacheable=outcome.failure is None)
         self._observe(stored, cached=False, started=started)
         return stored.to_json(cached=False)
+
+    async def _share(self, report: dict[str, Any], info: dict[str, Any], started: float) -> dict[str, Any]:
+        """A cached or in-flight analysis, answered as the caller's own record: its id, its
+        file name, its time (another caller's name and upload time are not this caller's to see)."""
+        own = await self.record(_as_callers(report, info), cacheable=False)
+        self._observe(own, cached=True, started=started)
+        return own.to_json(cached=True)
 
     def _observe(self, stored: StoredScan, *, cached: bool, started: float) -> None:
         report = stored.report

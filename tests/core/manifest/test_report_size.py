@@ -5,9 +5,7 @@ Bound: report JSON bytes <= 8 x decompressed pickle bytes + 2 KiB per tensor."""
 
 from __future__ import annotations
 
-import io
 import json
-import zipfile
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -16,20 +14,7 @@ from ckptguard.core.errors import Code
 from ckptguard.core.report import NAME_MARK
 from ckptguard.core.scan import scan_bytes
 from ckptguard.core.state import ScanOptions
-
-
-def _memoized_key_checkpoint(depth: int, tensors: int, key: str) -> tuple[bytes, int]:
-    import torch
-
-    tree: dict[str, object] = {f"t{i}": torch.zeros(1) for i in range(tensors)}
-    for _ in range(depth):
-        tree = {key: tree}
-    buf = io.BytesIO()
-    torch.save(tree, buf)
-    data = buf.getvalue()
-    with zipfile.ZipFile(io.BytesIO(data)) as zf:
-        pickle_bytes = sum(i.file_size for i in zf.infolist() if i.filename.endswith(".pkl"))
-    return data, pickle_bytes
+from tests.builders.hostile_names import memoized_key_checkpoint
 
 
 def _report_bytes(data: bytes, engine: str = "auto") -> tuple[int, dict[str, object]]:
@@ -39,7 +24,7 @@ def _report_bytes(data: bytes, engine: str = "auto") -> tuple[int, dict[str, obj
 
 def test_the_issue_case_is_linear_in_the_pickle() -> None:
     """256 dicts deep, 1,000 tensors, one memoized 1,000-character key: was 513 MB."""
-    data, pickle_bytes = _memoized_key_checkpoint(256, 1_000, "k" * 1_000)
+    data, pickle_bytes = memoized_key_checkpoint(256, 1_000, "k" * 1_000)
     size, report = _report_bytes(data)
     assert report["verdict"] == "safe"
     assert size <= 8 * pickle_bytes + 2048 * 1_000, size
@@ -62,7 +47,7 @@ _KEY_CHARS = st.sampled_from(["k", ".", "\u00e9", "\u4e2d", "\U0001f600", '"', "
        repeat=st.integers(1, 400), engine=st.sampled_from(["auto", "general"]))
 def test_memoized_keys_never_blow_the_report_up(depth: int, tensors: int, key: str,
                                                 repeat: int, engine: str) -> None:
-    data, pickle_bytes = _memoized_key_checkpoint(depth, tensors, key * repeat)
+    data, pickle_bytes = memoized_key_checkpoint(depth, tensors, key * repeat)
     size, report = _report_bytes(data, engine)
     assert report["verdict"] == "safe"
     assert size <= 8 * pickle_bytes + 2048 * tensors, (size, pickle_bytes, tensors)

@@ -1,6 +1,6 @@
 """Bounded cost (issue 14), side by side in one run, as ratios.
 
-    python bench/issue14_bench.py [--quick] [--python PATH ...] [--tensors-small N]
+    python bench/cost_bench.py [--quick] [--python PATH ...] [--tensors-small N]
 
 Writes into a temp dir (deleted afterwards) and prints one table:
   many-small   a torch.save of N float32 tensors of 40 KB (default 40,000: 1.6 GB): ckptguard's
@@ -19,7 +19,6 @@ Writes into a temp dir (deleted afterwards) and prints one table:
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import os
 import shutil
@@ -27,7 +26,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import zipfile
 from pathlib import Path
 
 import torch
@@ -116,20 +114,13 @@ def _has(module: str) -> bool:
 
 def report_size() -> None:
     from ckptguard.core.scan import scan_bytes
+    from tests.builders.hostile_names import memoized_key_checkpoint
 
     print("\n### report size on hostile names (bound: 8 x pickle + 2 KiB per tensor)\n")
     _row("case", "pickle bytes", "tensors", "report bytes", "report / pickle", "report / bound")
     _row("---", "---", "---", "---", "---", "---")
     for depth, tensors, keylen in ((256, 1_000, 1_000), (64, 100, 4_000), (1, 1_000, 100_000)):
-        key = "k" * keylen
-        tree: dict[str, object] = {f"t{i}": torch.zeros(1) for i in range(tensors)}
-        for _ in range(depth):
-            tree = {key: tree}
-        buf = io.BytesIO()
-        torch.save(tree, buf)
-        data = buf.getvalue()
-        with zipfile.ZipFile(io.BytesIO(data)) as zf:
-            pkl = sum(i.file_size for i in zf.infolist() if i.filename.endswith(".pkl"))
+        data, pkl = memoized_key_checkpoint(depth, tensors, "k" * keylen)
         size = len(json.dumps(scan_bytes(data).to_json()).encode())
         _row(f"{depth} dicts x key of {keylen:,} chars", f"{pkl:,}", tensors, f"{size:,}",
              f"{size / pkl:.1f}", f"{size / (8 * pkl + 2048 * tensors):.2f}")
