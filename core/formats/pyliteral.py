@@ -64,6 +64,17 @@ def parse_literal(text: str, *, max_len: int = 10_000, allow_long_suffix: bool =
     return value
 
 
+def _logical_line_start(text: str, pos: int) -> int:
+    """Where the logical line holding `pos` starts: back over `\\` + newline continuations."""
+    start = text.rfind("\n", 0, pos) + 1
+    while True:
+        before = text[:start]
+        cut = 2 if before.endswith("\\\n") else 3 if before.endswith("\\\r\n") else 0
+        if not cut:
+            return start
+        start = text.rfind("\n", 0, start - cut) + 1
+
+
 def _tokenize(text: str, allow_long: bool) -> list[tuple[str, Any]]:
     out: list[tuple[str, Any]] = []
     pos = 0
@@ -84,9 +95,10 @@ def _tokenize(text: str, allow_long: bool) -> list[tuple[str, Any]]:
             raise LiteralError("text after the end of the expression")
         if not out:
             # literal_eval strips only the first line's indentation: a first token on a
-            # later, indented line is an IndentationError
-            line_start = text.rfind("\n", 0, pos) + 1
-            if line_start and text[line_start:pos]:
+            # later, indented logical line is an IndentationError (a backslash continuation
+            # joins physical lines: the indentation is that of the line it started on)
+            line_start = _logical_line_start(text, pos)
+            if line_start and text[line_start:pos][:1] in (" ", "\t", "\f"):
                 raise LiteralError("unexpected indent")
         if kind == "str":
             prefix = m.group("str").rstrip("'\"")

@@ -246,3 +246,17 @@ def test_npy_header_never_evaluates_code() -> None:
     raw = buf.getvalue()
     hlen = int.from_bytes(raw[8:10], "little")
     assert parse_literal(raw[10 : 10 + hlen].decode("latin1"))["shape"] == (1,)
+
+
+def test_an_indented_line_joined_by_a_backslash_is_still_indented() -> None:
+    """Found by the property above on a clean run: '#c\\n\\t\\\\\\n0x1' is an IndentationError
+    for literal_eval (the logical line starts indented); the parser accepted it."""
+    import ast
+
+    from ckptguard.core.formats.pyliteral import LiteralError, parse_literal
+
+    text = "#c\n\t\\\n0x1"
+    with pytest.raises(SyntaxError):
+        ast.literal_eval(text)
+    with pytest.raises(LiteralError, match="indent"):
+        parse_literal(text)
