@@ -19,6 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.components import missing
 from tests.e2e.service_server import free_port
 from tests.service.payloads import benign_pickle, malicious_pickle, nonce
 
@@ -51,14 +52,14 @@ def podman() -> list[str]:
     missing = [tool for tool in ("podman", "runc") if shutil.which(tool) is None
                and not Path(f"/usr/sbin/{tool}").exists()]
     if missing:
-        pytest.skip(f"{' and '.join(missing)} not installed (apt-get install podman runc debootstrap; "
+        missing(f"{' and '.join(missing)} not installed (apt-get install podman runc debootstrap; "
                     ".ci/run does this)")
     if not Path(CONF).exists():
         # Without it podman fails with `setrlimit RLIMIT_NOFILE` here (CONTAINERS.md).
         try:
             Path(CONF).write_text("[containers]\ndefault_ulimits = []\n")
         except OSError as exc:
-            pytest.skip(f"cannot write {CONF}: {exc}")
+            missing(f"cannot write {CONF}: {exc}")
     return podman_cmd()
 
 
@@ -67,7 +68,7 @@ def base_image(podman: list[str]) -> str:
     if run([*podman, "image", "exists", BASE], check=False).returncode == 0:
         return BASE
     if shutil.which("debootstrap") is None or os.geteuid() != 0:
-        pytest.skip(f"base image {BASE} is missing and debootstrap (as root) is not available")
+        missing(f"base image {BASE} is missing and debootstrap (as root) is not available")
     with tempfile.TemporaryDirectory(prefix="ckptguard-rootfs-") as rootfs:
         run(["debootstrap", "--variant=minbase", "--include=python3,python3-venv,ca-certificates",
              "bookworm", rootfs])

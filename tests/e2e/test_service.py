@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.components import missing
 from tests.e2e.service_server import Server, postgres_schema, running_server
 from tests.service.conftest import BOUNDARY, multipart_chunks
 from tests.service.payloads import (
@@ -36,7 +37,7 @@ def database(request, tmp_path_factory) -> Iterator[dict[str, str]]:
         yield {}
         return
     if not PG_URL:
-        pytest.skip("CKPTGUARD_TEST_POSTGRES_URL is not set (.ci/run starts PostgreSQL and sets it)")
+        missing("CKPTGUARD_TEST_POSTGRES_URL is not set (.ci/run starts PostgreSQL and sets it)")
     with postgres_schema(PG_URL) as url:
         yield {"CKPTGUARD_DATABASE_URL": url}
 

@@ -16,6 +16,7 @@ from alembic.script import ScriptDirectory
 
 from ckptguard.app.store import MIGRATIONS, Store, decode_cursor, encode_cursor, policy_key
 from ckptguard.app.tables import metadata
+from tests.components import missing
 
 PG_URL = os.environ.get("CKPTGUARD_TEST_POSTGRES_URL")
 
@@ -33,7 +34,7 @@ def url(request, tmp_path: Path) -> Iterator[str]:
         yield f"sqlite:///{tmp_path / 'nested' / 'dir' / 'c.db'}"
         return
     if not PG_URL:
-        pytest.skip("CKPTGUARD_TEST_POSTGRES_URL is not set (.ci/run starts PostgreSQL and sets it)")
+        missing("CKPTGUARD_TEST_POSTGRES_URL is not set (.ci/run starts PostgreSQL and sets it)")
     # A private schema per test: runs never see each other's rows.
     schema = f"t_{uuid.uuid4().hex[:12]}"
     admin = sa.create_engine(PG_URL)
