@@ -38,36 +38,62 @@ UPLOAD_PATHS = frozenset({"/scan"})   # streamed with their own cap (app/uploads
 
 
 class BodyLimit:
-    """ASGI middleware: 413 for bodies over `max_bytes`, except the streamed upload route."""
+    """ASGI middleware for every body but the streamed upload route's (app/uploads.py paces
+    that one): the body is read here, whole, before the route runs: 413 past `max_bytes`,
+    408 when it has not arrived within `timeout_s` (a trickling client holds no handler).
+    Both answers close the connection: the rest of the body is never read."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, max_bytes: int, timeout_s: float = 30.0) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.timeout_s = timeout_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] in UPLOAD_PATHS:
             await self.app(scope, receive, send)
             return
+        too_large = problem("PAYLOAD_TOO_LARGE", 413, f"the request body exceeds {self.max_bytes} "
+                            "bytes", headers={"connection": "close"})
         for name, value in scope["headers"]:
             if name == b"content-length" and (not value.isdigit() or int(value) > self.max_bytes):
-                await problem("PAYLOAD_TOO_LARGE", 413,
-                              f"the request body exceeds {self.max_bytes} bytes")(scope, receive, send)
+                await too_large(scope, receive, send)
                 return
+        try:
+            first = await asyncio.wait_for(self._read_body(receive), self.timeout_s)
+        except TimeoutError:
+            await problem("REQUEST_TIMEOUT", 408, f"the request body did not arrive within "
+                          f"{self.timeout_s:g} s", headers={"connection": "close"})(scope, receive, send)
+            return
+        if first is None:
+            await too_large(scope, receive, send)
+            return
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if replayed:
+                return await receive()   # after the body: only a disconnect can come
+            replayed = True
+            return first
+
+        await self.app(scope, replay, send)
+
+    async def _read_body(self, receive: Receive) -> Message | None:
+        """The whole body as one `http.request` message (or the disconnect that cut it);
+        None past `max_bytes`."""
+        chunks: list[bytes] = []
         seen = 0
-
-        async def limited() -> Message:
-            nonlocal seen
+        while True:
             message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > self.max_bytes:
-                    from ckptguard.app.problems import AppError
-
-                    raise AppError("PAYLOAD_TOO_LARGE", 413,
-                                   f"the request body exceeds {self.max_bytes} bytes")
-            return message
-
-        await self.app(scope, limited, send)
+            if message["type"] != "http.request":
+                return message
+            chunk = message.get("body", b"")
+            seen += len(chunk)
+            if seen > self.max_bytes:
+                return None
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
 
 
 async def _sweep_periodically(upload_dir: Path, stale_age: float, interval: float) -> None:
@@ -130,7 +156,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings = settings
     app.state.metrics = metrics
     problems.install(app)
-    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes,
+                       timeout_s=settings.body_timeout_seconds)
     app.include_router(scan.router)
     app.include_router(scans.router)
     app.include_router(health.router)
@@ -148,9 +175,12 @@ def serve(host: str | None = None, port: int | None = None) -> None:
     """Run the service with uvicorn on the settings' defaults (127.0.0.1:8000, ./data)."""
     import uvicorn
 
+    from ckptguard.app.http_protocol import HeadDeadlineProtocol
+
     settings = Settings()
     uvicorn.run(create_app(settings), host=host or settings.host,
                 port=settings.port if port is None else port,
                 log_level=settings.log_level.lower(), access_log=False,
                 log_config=logs.uvicorn_log_config(settings.log_level),
+                http=HeadDeadlineProtocol.with_head_timeout(settings.header_timeout_seconds),
                 timeout_graceful_shutdown=10, server_header=False)   # no "server: uvicorn"

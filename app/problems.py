@@ -42,11 +42,16 @@ class AppError(Exception):
         self.extra = extra
 
 
+def problem_body(code: str, status: int, detail: str, **extra: Any) -> dict[str, Any]:
+    """The problem+json object (RFC 9457) every error response carries."""
+    return {"type": "about:blank", "title": code.replace("_", " ").capitalize(),
+            "status": status, "code": code, "detail": detail, **extra}
+
+
 def problem(code: str, status: int, detail: str, *, headers: dict[str, str] | None = None,
             **extra: Any) -> JSONResponse:
-    body: dict[str, Any] = {"type": "about:blank", "title": code.replace("_", " ").capitalize(),
-                            "status": status, "code": code, "detail": detail, **extra}
-    return JSONResponse(body, status_code=status, media_type=PROBLEM_JSON, headers=headers)
+    return JSONResponse(problem_body(code, status, detail, **extra), status_code=status,
+                        media_type=PROBLEM_JSON, headers=headers)
 
 
 async def _app_error(_: Request, exc: Exception) -> JSONResponse:

@@ -48,6 +48,11 @@ class Settings(BaseSettings):
     max_uploads_in_flight: int = Field(
         default=64, ge=1, description="uploads being received at once; past it: 503 + Retry-After "
         "(each holds a connection and a spool file)")
+    header_timeout_seconds: float = Field(
+        default=10.0, gt=0, description="a connection's request line and headers must arrive within "
+        "this, or 408 and the connection is closed")
+    body_timeout_seconds: float = Field(default=30.0, gt=0, description="a JSON request body "
+                                        "(not an upload) must arrive within this, or 408")
     upload_min_rate: int = Field(default=16 * 1024, ge=1, description="bytes/s an upload must average "
                                  "after upload_grace_seconds, or it is cut with 408")
     upload_grace_seconds: float = Field(default=30.0, gt=0, description="before the upload rate counts")

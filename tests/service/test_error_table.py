@@ -1,5 +1,6 @@
-"""The README's HTTP error table is what the service sends: every `AppError(code, status)` and
-`problem(code, status)` in app/ has its row, and every row is something the service sends."""
+"""The README's HTTP error table is what the service sends: every `AppError(code, status)`,
+`problem(code, status)` and `problem_body(code, status)` in app/ has its row, and every row is
+something the service sends."""
 
 from __future__ import annotations
 
@@ -22,11 +23,11 @@ def sent_by_the_service() -> tuple[set[tuple[str, int]], set[int]]:
     for path in (ROOT / "app").rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
-                    and node.func.id in {"AppError", "problem"} and len(node.args) >= 2):
+                    and node.func.id in {"AppError", "problem", "problem_body"} and len(node.args) >= 2):
                 continue
             code, status = node.args[0], node.args[1]
-            if not isinstance(code, ast.Constant) and isinstance(status, ast.Attribute):
-                continue   # a handler forwarding an AppError's own code and status
+            if not isinstance(code, ast.Constant) and isinstance(status, ast.Attribute | ast.Name):
+                continue   # a handler or helper forwarding a code and status it was given
             statuses = ([status.value] if isinstance(status, ast.Constant) else
                         [b.value for b in (status.body, status.orelse) if isinstance(b, ast.Constant)]
                         if isinstance(status, ast.IfExp) else [])
