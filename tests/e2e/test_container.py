@@ -49,11 +49,11 @@ def run(args: list[str], *, check: bool = True, timeout: float = 1800,
 
 @pytest.fixture(scope="module")
 def podman() -> list[str]:
-    missing = [tool for tool in ("podman", "runc") if shutil.which(tool) is None
-               and not Path(f"/usr/sbin/{tool}").exists()]
-    if missing:
-        missing(f"{' and '.join(missing)} not installed (apt-get install podman runc debootstrap; "
-                    ".ci/run does this)")
+    absent = [tool for tool in ("podman", "runc") if shutil.which(tool) is None
+              and not Path(f"/usr/sbin/{tool}").exists()]
+    if absent:
+        missing(f"{' and '.join(absent)} not installed (apt-get install podman runc debootstrap; "
+                ".ci/run does this)")
     if not Path(CONF).exists():
         # Without it podman fails with `setrlimit RLIMIT_NOFILE` here (CONTAINERS.md).
         try:
