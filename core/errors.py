@@ -124,6 +124,12 @@ class Code(StrEnum):
     PICKLE_PROTOCOL = "PICKLE_PROTOCOL", _I, _N, "pickle protocol other than torch's default 2"
     PICKLE_POLYGLOT = ("PICKLE_POLYGLOT", _H, _U,
                        "the file's first bytes are also a pickle that imports (pickle.load would run it)")
+    PICKLE_COMPUTED_GLOBAL = ("PICKLE_COMPUTED_GLOBAL", _M, _S,
+                              "a STACK_GLOBAL module or name computed by pure calls: folded to a "
+                              "constant, the global is judged as if written")
+    PICKLE_COMPUTED_IMPORT = ("PICKLE_COMPUTED_IMPORT", _H, _U,
+                              "a STACK_GLOBAL module or name computed by calls that cannot be "
+                              "resolved statically (evasion: no benign pickle computes its imports)")
     PICKLE_GLOBAL_MUTATION = ("PICKLE_GLOBAL_MUTATION", _H, _U,
                               "BUILD/SETITEM(S)/APPEND(S) on an imported object (sys.path, os.environ)")
 

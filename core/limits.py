@@ -40,6 +40,14 @@ class Limits:
     # dict-key / set-member nodes the VM hashes for one pickle: the same memoized 10k-node
     # tuple used as a key 200k times would cost 2 G steps, in our walk and in CPython's hash
     max_key_nodes: int = 2_000_000
+    # Constant folding of computed STACK_GLOBAL operands (core.pickle.fold): one str/bytes/
+    # container in or out, the calls evaluated for one operand, its nesting, and the steps
+    # of every fold of one pickle together (evaluation and the mutation check). Past them
+    # the operand is unresolved, which is itself reported as evasion (fail closed).
+    max_fold_bytes: int = 64 * 1024
+    max_fold_calls: int = 256
+    max_fold_depth: int = 64
+    max_fold_steps: int = 1_000_000
     max_nested_pickles: int = 64                # inline pickles (pickle.loads(b'...')) interpreted per scan
     max_nested_pickle_depth: int = 2            # an inline pickle inside an inline pickle, at most
     # legacy .tar: header blocks walked, bytes of one pax/GNU long-name record, and how far

@@ -38,6 +38,7 @@ from typing import Any
 
 from ckptguard.core.errors import CkptError, Code, FormatError, LimitExceeded
 from ckptguard.core.limits import DEFAULT_LIMITS, Limits
+from ckptguard.core.pickle.fold import FoldBudget, Unfoldable, fold, is_computed, render
 from ckptguard.core.pickle.opcodes import (
     OPCODES,
     decode_float_line,
@@ -212,6 +213,7 @@ class _Machine:
         self.memo: dict[int, Any] = {}
         self.proto = 0                 # pickle.py's default before any PROTO
         self.dotted: dict[str, bool] = {}
+        self.fold_budget = FoldBudget(limits.max_fold_steps)
         self.result = VmResult(start=start, end=start)
 
     # -- the loop -------------------------------------------------------------------------
@@ -295,6 +297,47 @@ class _Machine:
         module, name = python_map(raw_module, raw_name, self.proto)
         self.result.globals.append(GlobalUse(module, name, raw_module, raw_name, opcode, self.base + pos))
         return Global(module, name)
+
+    def computed_global(self, module: Any, name: Any, pos: int) -> tuple[str, str]:
+        """STACK_GLOBAL operands that are not literal strings: fold what pure calls compute
+        (core.pickle.fold) so the global is judged as if written; a call result that cannot
+        be folded is an unresolvable import (evasion), plain non-str data an error pickle
+        raises ("STACK_GLOBAL requires str") before importing anything."""
+        out: list[str] = []
+        folded: list[str] = []
+        resolved = True
+        for label, value in (("module", module), ("name", name)):
+            if type(value) is str:
+                out.append(value)
+                continue
+            shown = render(value)
+            if not is_computed(value):
+                self.note(Code.PICKLE_NON_ASCII_GLOBAL,
+                          f"STACK_GLOBAL {label} is {describe(value)}, not str (pickle refuses it)", pos)
+                out.append(describe(value))
+                continue
+            try:
+                const = fold(value, limits=self.limits, budget=self.fold_budget,
+                             calls=self.result.calls, live=(self.stack, self.memo.values()))
+            except Unfoldable as exc:
+                self.note(Code.PICKLE_COMPUTED_IMPORT,
+                          f"STACK_GLOBAL {label} is computed by {shown}, which cannot be resolved "
+                          f"statically ({exc}): an import hidden from scanners", pos)
+                out.append(f"<computed {label}>")
+                resolved = False
+                continue
+            if type(const) is not str:
+                self.note(Code.PICKLE_NON_ASCII_GLOBAL, f"STACK_GLOBAL {label} {shown} computes "
+                          f"{describe(const)}, not str (pickle refuses it)", pos)
+                out.append(describe(const))
+                resolved = False
+                continue
+            out.append(const)
+            folded.append(f"{label} {shown} = {const[:100]!r}")
+        if folded and resolved:
+            self.note(Code.PICKLE_COMPUTED_GLOBAL, f"STACK_GLOBAL {'; '.join(folded)}: resolved "
+                      f"to {out[0][:100]}.{out[1][:100]}", pos)
+        return out[0], out[1]
 
     def is_dotted(self, text: str) -> bool:
         # Cached, and length first: a memo'd long "identifier" must not be rescanned at every use.
@@ -723,10 +766,7 @@ class _Machine:
             name = pop()
             module = pop()
             if type(module) is not str or type(name) is not str:
-                # pickle.py: "STACK_GLOBAL requires str"; keep going with what it was given.
-                vm.note(Code.PICKLE_NON_ASCII_GLOBAL, "STACK_GLOBAL operands are not both str", pos - 1)
-                module = module if type(module) is str else describe(module)
-                name = name if type(name) is str else describe(name)
+                module, name = vm.computed_global(module, name, pos - 1)
             push(vm.add_global(module, name, "STACK_GLOBAL", pos - 1))
             return pos
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ckptguard.core.limits import DEFAULT_LIMITS
+from ckptguard.core.pickle.fold import FoldBudget, Unfoldable, fold
 from ckptguard.core.values import Call, Global, PersId
 
 _MAX_PATH_DEPTH = 16
@@ -43,7 +45,29 @@ def payload(value: Any, level: int) -> bytes | None:
             return str(value.args[0]).encode("latin-1", "ignore")
         if name in ("io.BytesIO", "_io.BytesIO", "builtins.bytes", "builtins.bytearray"):
             return payload(value.args[0], level + 1)
+    if t is Call:   # pickle.loads(base64.b64decode(b'...')): what pure decoders compute
+        folded = constant(value)
+        if type(folded) in (bytes, bytearray, str):
+            return payload(folded, level + 1)
     return None
+
+
+def constant(value: Any) -> Any:
+    """What `value` folds to (core.pickle.fold), or None when it cannot be folded."""
+    if type(value) is not Call:
+        return value
+    try:
+        return fold(value, limits=DEFAULT_LIMITS, budget=FoldBudget(DEFAULT_LIMITS.max_fold_calls * 4))
+    except Unfoldable:
+        return None
+
+
+def _folded_str(value: Any) -> Any:
+    """A computed argument that folds to a str (`getattr(m, b'c3lzdGVt'.decode())`), else as is."""
+    if type(value) is not Call:
+        return value
+    folded = constant(value)
+    return folded if type(folded) is str else value
 
 
 def resolve_path(value: Any, level: int = 0) -> str | None:
@@ -59,6 +83,7 @@ def resolve_path(value: Any, level: int = 0) -> str | None:
     func = value.func
     if type(func) is Global:
         name = func.full
+        args = tuple(_folded_str(a) for a in args[:8])
         if name in _GETATTRS and len(args) >= 2 and type(args[1]) is str:
             base = resolve_path(args[0], level + 1)
             return f"{base or '?'}.{args[1]}"

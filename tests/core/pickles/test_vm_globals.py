@@ -177,9 +177,14 @@ def test_stack_global_operands_of_any_shape_are_described_safely() -> None:
     deep_list = b"]" * 50_000 + b"a" * 49_999
     for operand, text in [(deep_list, "<list>"), (asm(("LONG4", 10**4000)), "<int of 13288 bits>"),
                           (asm(("BINBYTES", b"x" * 500)), repr(b"x" * 100) + "..."),
-                          (asm(("GLOBAL", "a", "b")), "<global a.b>"), (asm("NONE"), "None")]:
+                          (asm("NONE"), "None")]:
         r = run_vm(asm(("RAW", operand), ("BINUNICODE", "n"), "STACK_GLOBAL", "STOP"))
         assert r.complete and r.globals[-1].module == text and r.globals[-1].name == "n"
+        assert {c for c, _, _ in r.notes} == {Code.PICKLE_NON_ASCII_GLOBAL}   # pickle refuses it
+    # an imported object as the operand is a value only the load knows: computed, unresolved
+    r = run_vm(asm(("GLOBAL", "a", "b"), ("BINUNICODE", "n"), "STACK_GLOBAL", "STOP"))
+    assert r.complete and r.globals[-1].module == "<computed module>"
+    assert Code.PICKLE_COMPUTED_IMPORT in {c for c, _, _ in r.notes}
 
 
 def test_globals_after_the_point_where_torch_stops() -> None:
