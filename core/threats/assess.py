@@ -130,19 +130,39 @@ def _judge(module: str, name: str) -> Threat:
         if i > 0 and part in DANGEROUS_ATTRS:
             return Threat("dangerous", Severity.HIGH, Code.PICKLE_DANGEROUS_GLOBAL,
                           f"reaches the attribute {part!r} through a dotted name")
+    benign = BENIGN_NAMES.get(f"{module}.{name}")
+    if benign is not None:      # an exact name is the most specific rule (uuid.UUID in uuid)
+        return Threat("benign", Severity.LOW, Code.PICKLE_BENIGN_GLOBAL, benign)
     parts = [p for p in module.split(".")] + names
-    for k in range(len(parts), 0, -1):      # the most specific rule wins
-        prefix = ".".join(parts[:k])
-        rule = DANGEROUS_MODULES.get(prefix) or (DANGEROUS_NAMES.get(prefix) if k > 1 else None)
+    rule = _most_specific(parts)
+    if rule is not None:
+        severity, code, reason = rule
+        return Threat("dangerous", severity, code, reason)
+    # Protocol 4 resolves a dotted name attribute by attribute, so a module another module
+    # imported is reachable through it: `pathlib` + `os.getcwd` is os.getcwd (fickling
+    # GHSA-5j3x-jp52-966f). Every traversed (non-final) name component may start a module.
+    for j in range(len(names) - 1):
+        rule = _most_specific(names[j:])
         if rule is not None:
             severity, code, reason = rule
-            return Threat("dangerous", severity, code, reason)
-    benign = BENIGN_NAMES.get(f"{module}.{name}")
+            return Threat("dangerous", severity, code,
+                          f"reaches {names[j]} through an attribute chain, which {reason}")
     if benign is None and len(names) == 1 and name.isidentifier() and not name.startswith("__"):
         benign = _benign_module(module)
     if benign is not None:
         return Threat("benign", Severity.LOW, Code.PICKLE_BENIGN_GLOBAL, benign)
     return _UNKNOWN
+
+
+def _most_specific(parts: list[str]) -> tuple[Severity, Code, str] | None:
+    """The deny rule of the longest dotted prefix of `parts` (a module rule, or a name rule of
+    at least two components), if any."""
+    for k in range(len(parts), 0, -1):
+        prefix = ".".join(parts[:k])
+        rule = DANGEROUS_MODULES.get(prefix) or (DANGEROUS_NAMES.get(prefix) if k > 1 else None)
+        if rule is not None:
+            return rule
+    return None
 
 
 def _benign_module(module: str) -> str | None:

@@ -52,7 +52,26 @@ DANGEROUS_MODULES: dict[str, Rule] = {
         pandas.core.computation _bootsubprocess _testcapi _testinternalcapi _testlimitedcapi
         test.support sympy.utilities.lambdify sympy.utilities.autowrap sympy.printing.preview
         sympy.testing.runtests sympy.utilities.runtests sympy.interactive.session torch.compiler
-        torch.utils.benchmark.utils.cpp_jit torch.utils.benchmark.utils.valgrind_wrapper"""),
+        torch.utils.benchmark.utils.cpp_jit torch.utils.benchmark.utils.valgrind_wrapper
+        _aix_support _osx_support _pyrepl pexpect pipes lib2to3 _signal __builtins__"""),
+    # torch internals that compile, exec or eval strings (docs/threat-inventory.md §torch):
+    # TorchScript (frontend, annotations eval, unsupported_tensor_ops.execWrapper), dynamo
+    # (guards eval, convert_frame exec, repro), FX tooling (symbolic_shapes guard eval,
+    # rewriter exec), aot_autograd codegen, the remote-module template instantiator (writes a
+    # module and execs it), guard/traceback helpers and invoke_leaf_function's eval
+    **_rules(_C, _DG, _EXEC, """
+        torch.jit torch._dynamo torch._guards torch.fx.experimental torch._functorch
+        torch.distributed.nn.jit torch._higher_order_ops.invoke_leaf_function
+        torch._higher_order_ops.triton_kernel_wrap torch.utils._traceback torch.export._unlift
+        torch.fx.operator_schemas torch._library.infer_schema"""),
+    # ConfigModule.load_config and the datapipes decoder's basichandlers unpickle their input
+    **_rules(_C, _NEST, _NESTED, """
+        torch.utils._config_module torch.utils.data.datapipes.utils.decoder"""),
+    **_rules(_C, _DG, "imports modules named by data (unittest.main / TestLoader / mock.patch)",
+             "unittest"),
+    # uuid's MAC-address probes spawn ifconfig/ip/arp/netstat (uuid.UUID stays benign: an exact
+    # benign name wins over its module's rule)
+    **_rules(_H, _DG, _EXEC + " (uuid's node probes spawn processes)", "uuid"),
     **_rules(_C, _DG, "registers or overrides torch operator kernels process-wide",
              "torch.library"),
     # sympy's string entry points (sympify, parse_expr, kernS, every parser) build code and eval it
@@ -67,12 +86,12 @@ DANGEROUS_MODULES: dict[str, Rule] = {
         pickle _pickle cPickle dill cloudpickle marshal shelve jsonpickle _compat_pickle
         pickletools torch.package"""),
     **_rules(_H, _DG, _FILES, """
-        shutil tempfile fileinput filecmp zipfile tarfile dbm anydbm sqlite3 _sqlite3 mmap
+        shutil tempfile fileinput filecmp zipfile tarfile dbm _dbm _gdbm anydbm sqlite3 _sqlite3 mmap
         fcntl termios tty pwd grp spwd resource logging.config logging.handlers glob linecache
         numpy.lib.npyio numpy.lib._npyio_impl pandas.io tensorflow.io
         tensorflow.python.ops.io_ops"""),
     **_rules(_H, _DG, _NET, """
-        socket _socket ssl select selectors socketserver SocketServer http httplib
+        socket _socket ssl _ssl select selectors socketserver SocketServer http httplib
         urllib urllib2 urllib3 requests httpx aiohttp ftplib smtplib smtpd poplib imaplib
         nntplib telnetlib xmlrpc xmlrpclib SimpleXMLRPCServer BaseHTTPServer
         SimpleHTTPServer CGIHTTPServer webbrowser wsgiref torch.distributed.rpc"""),
@@ -83,6 +102,10 @@ DANGEROUS_MODULES: dict[str, Rule] = {
              "antigravity"),
     **_rules(_H, _DG, _EXEC + " (platform probes spawn processes)", "platform"),
     **_rules(_H, _DG, _INTRO, "gc inspect threading _weakref"),
+    **_rules(_H, _DG, "probes or resolves file-system paths (os.path by another name)",
+             "posixpath ntpath genericpath"),
+    **_rules(_H, _DG, "writes to the system log", "syslog"),
+    **_rules(_H, _DG, _FILES + " (torch.onnx.export writes models)", "torch.onnx"),
 }
 
 # Exact `module.name` entries (and anything reached through them).
@@ -122,7 +145,7 @@ DANGEROUS_NAMES: dict[str, Rule] = {
         sympy.external.importtools.import_module sympy.utilities.source.get_class"""),
     **_rules(_C, _DG, _INTRO, """
         builtins.getattr builtins.setattr builtins.delattr builtins.globals builtins.locals
-        builtins.vars builtins.__dict__"""),
+        builtins.vars builtins.__dict__ builtins.dir"""),
     **_rules(_C, _NEST, _NESTED, """
         torch.load torch.serialization.load torch.serialization._load
         torch.serialization._legacy_load torch.jit.load torch.jit._serialization.load
@@ -137,7 +160,8 @@ DANGEROUS_NAMES: dict[str, Rule] = {
         yaml.load yaml.load_all yaml.unsafe_load yaml.unsafe_load_all yaml.full_load
         yaml.full_load_all keras.models.load_model keras.saving.load_model
         tensorflow.keras.models.load_model torch.compiler.load_cache_artifacts
-        torch.compiler.load_compiled_function"""),
+        torch.compiler.load_compiled_function
+        torch.distributed.elastic.rendezvous.api.basichandlers"""),
     **_rules(_H, _DG, _FILES, """
         builtins.open builtins.file io.open io.open_code io.FileIO _io.open _io.open_code
         _io.FileIO codecs.open gzip.open gzip.GzipFile bz2.open bz2.BZ2File lzma.open
@@ -213,6 +237,7 @@ BENIGN_NAMES: dict[str, str] = {
     **{n: "plain Python data type (no side effects)" for n in """
         builtins.slice builtins.range builtins.frozenset builtins.bytes builtins.int
         builtins.float builtins.str builtins.bool builtins.tuple builtins.list builtins.dict
+        uuid.SafeUUID
         builtins.Ellipsis builtins.NotImplemented argparse.Namespace types.SimpleNamespace
         collections.defaultdict collections.deque collections.ChainMap collections.UserDict
         collections.UserList collections.UserString datetime.datetime datetime.date
