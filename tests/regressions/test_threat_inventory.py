@@ -338,10 +338,12 @@ TORCH_INTERNALS: tuple[tuple[str, str, str], ...] = (
     ("torch._dynamo.repro.after_aot", "run_repro", "execs a repro script"),
     ("torch._guards", "Source.name", "evals a name template"),
     ("torch.fx.experimental.rewriter", "RewritingTracer.trace", "execs rewritten source"),
-    ("torch._functorch._aot_autograd.subclass_codegen", "_compile_fn", "execs generated code"),
+    ("torch._functorch._aot_autograd.subclass_codegen", "_compile_and_exec_source",
+     "execs generated code"),
     ("torch.distributed.nn.jit.instantiator", "instantiate_scriptable_remote_module_template",
      "writes a module and execs it"),
-    ("torch._higher_order_ops.invoke_leaf_function", "_eval_expr", "evals an expression"),
+    ("torch._higher_order_ops.invoke_leaf_function", "_resolve_mutated_flat_indices",
+     "evals an expression"),
     ("torch._higher_order_ops.triton_kernel_wrap", "generate_ttir", "compiles kernel source"),
     ("torch.utils._traceback", "report_compile_source_on_error", "evals a fake frame"),
     ("torch.export._unlift", "_unlift", "execs guards code"),
@@ -350,7 +352,8 @@ TORCH_INTERNALS: tuple[tuple[str, str, str], ...] = (
     ("torch.utils.data.datapipes.utils.decoder", "Decoder", "unpickles data"),
     ("torch.utils._config_module", "ConfigModule.load_config", "unpickles a config"),
     ("torch.onnx", "export", "writes a model file"),
-    ("torch.distributed.elastic.rendezvous.api", "basichandlers", "fickling's ML list"),
+    ("torch.distributed.elastic.rendezvous.api", "basichandlers",
+     "fickling's ML list (no such name in torch 2.13: kept, harmless)"),
 )
 
 CMD = "__import__('os').system('touch /tmp/ckptguard-pwned')"
