@@ -130,6 +130,9 @@ class Code(StrEnum):
     PICKLE_COMPUTED_IMPORT = ("PICKLE_COMPUTED_IMPORT", _H, _U,
                               "a STACK_GLOBAL module or name computed by calls that cannot be "
                               "resolved statically (evasion: no benign pickle computes its imports)")
+    PICKLE_FRAME_DIVERGENCE = ("PICKLE_FRAME_DIVERGENCE", _H, _U,
+                               "an opcode runs past its FRAME's end: pickle.load(file) reads other "
+                               "bytes than pickle.loads (hidden opcodes)")
     PICKLE_GLOBAL_MUTATION = ("PICKLE_GLOBAL_MUTATION", _H, _U,
                               "BUILD/SETITEM(S)/APPEND(S) on an imported object (sys.path, os.environ)")
 

@@ -39,6 +39,7 @@ from typing import Any
 from ckptguard.core.errors import CkptError, Code, FormatError, LimitExceeded
 from ckptguard.core.limits import DEFAULT_LIMITS, Limits
 from ckptguard.core.pickle.fold import FoldBudget, Unfoldable, fold, is_computed, render
+from ckptguard.core.pickle.frames import frame_divergence
 from ckptguard.core.pickle.opcodes import (
     OPCODES,
     decode_float_line,
@@ -214,6 +215,7 @@ class _Machine:
         self.proto = 0                 # pickle.py's default before any PROTO
         self.dotted: dict[str, bool] = {}
         self.fold_budget = FoldBudget(limits.max_fold_steps)
+        self.frames: list[tuple[int, int, int]] = []    # (FRAME opcode, frame start, end)
         self.result = VmResult(start=start, end=start)
 
     # -- the loop -------------------------------------------------------------------------
@@ -259,6 +261,10 @@ class _Machine:
         if not res.complete:
             res.end = pos
         res.opcode_count = count
+        if self.frames:
+            diverges = frame_divergence(data, self.frames)
+            if diverges is not None:
+                self.note(Code.PICKLE_FRAME_DIVERGENCE, diverges[1], diverges[0])
         _unlink(dispatch)
         return res
 
@@ -883,6 +889,7 @@ class _Machine:
             if pos + 8 + size > n:
                 # pickle.py fails "pickle exhausted before end of frame"; read on for globals.
                 vm.note(Code.PICKLE_TRUNCATED, f"FRAME of {size} bytes runs past the end", pos - 1)
+            vm.frames.append((pos - 1, pos + 8, pos + 8 + size))
             return pos + 8
 
         handlers: dict[str, Callable[[int], int]] = {

@@ -1,0 +1,92 @@
+"""An opcode across a FRAME's end (CPython issue 154848, fickling's
+test_frame_boundary_divergence): pickle.load(file) — how torch.load(weights_only=False)
+reads data.pkl, from a BytesIO — reads the argument from after the frame, pickle.loads and
+a linear reader from inside it. The hidden opcodes run under pickle.load and are invisible
+to the VM, so the framing itself is the evidence: PICKLE_FRAME_DIVERGENCE, unsafe."""
+
+from __future__ import annotations
+
+import io
+import pickle
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ckptguard.core.errors import Code
+from ckptguard.core.pickle.vm import run_vm
+from tests.builders.pickle_asm import asm
+
+HIDDEN = asm(("GLOBAL", "os", "system"), ("UNICODE", "id"), "TUPLE1", "REDUCE")
+
+
+def straddling() -> bytes:
+    """A 2-byte FRAME holding BINBYTES' opcode and one length byte: pickle.loads reads a
+    263-byte string that swallows HIDDEN; pickle.load(BytesIO) reads the length from after
+    the frame (1 byte) and then runs HIDDEN."""
+    return asm(("PROTO", 5), "NONE", ("UNICODE", "a" * (8192 * 16 - 17)), "POP", "MARK",
+               ("FRAME", 2), ("RAW", b"B\x07\x01\x00\x00\x00\x00"),
+               ("RAW", (HIDDEN + b"(").ljust(256 + 5, b"N")), "POP_MARK", "STOP")
+
+
+class Recorder(pickle.Unpickler):
+    """CPython's C unpickler with a find_class that records instead of importing."""
+
+    def __init__(self, file: Any) -> None:
+        super().__init__(file)
+        self.imported: list[tuple[str, str]] = []
+
+    def find_class(self, module: str, name: str) -> Any:
+        self.imported.append((module, name))
+        return lambda *a: None
+
+
+def test_the_readers_really_disagree() -> None:
+    data = straddling()
+    from_file = Recorder(io.BytesIO(data))
+    from_file.load()
+    assert from_file.imported == [("os", "system")]
+    assert pickle.loads(data) is None                      # loads imports nothing
+    assert run_vm(data).globals == []                       # nor does the linear VM
+
+
+def test_straddling_frame_is_unsafe(judge: Any) -> None:
+    an, verdict = judge(straddling())
+    assert verdict == "unsafe"
+    text = "\n".join(f.message for f in an.findings if f.code == Code.PICKLE_FRAME_DIVERGENCE)
+    assert "BINBYTES at" in text and "past the end of the FRAME" in text
+
+
+def test_frame_opened_inside_a_frame_is_unsafe(judge: Any) -> None:
+    inner = asm(("FRAME", 2), "NONE", "POP")
+    data = asm(("PROTO", 4), ("FRAME", len(inner) + 2), ("RAW", inner), "NONE", "STOP")
+    an, verdict = judge(data)
+    assert verdict == "unsafe"
+    assert any("starts before the end of the frame" in f.message for f in an.findings
+               if f.code == Code.PICKLE_FRAME_DIVERGENCE)
+
+
+@pytest.mark.parametrize("protocol", [4, 5])
+def test_pickler_output_never_diverges(protocol: int) -> None:
+    big = {f"k{i}": ("x" * (i % 300), list(range(i % 50)), b"y" * (i % 200)) for i in range(3000)}
+    data = pickle.dumps(big, protocol=protocol)
+    r = run_vm(data)
+    assert r.complete and "FRAME" in r.opcodes_used
+    assert all(code != Code.PICKLE_FRAME_DIVERGENCE for code, _, _ in r.notes)
+
+
+JSONISH = st.recursive(st.one_of(st.none(), st.integers(), st.text(max_size=300),
+                                 st.binary(max_size=300)),
+                       lambda inner: st.one_of(st.lists(inner, max_size=20),
+                                               st.dictionaries(st.text(max_size=8), inner,
+                                                               max_size=20)),
+                       max_leaves=200)
+
+
+@settings(max_examples=100, deadline=None)
+@given(JSONISH, st.sampled_from([4, 5]))
+def test_pickler_output_never_diverges_property(value: Any, protocol: int) -> None:
+    r = run_vm(pickle.dumps(value, protocol=protocol))
+    assert r.complete
+    assert all(code != Code.PICKLE_FRAME_DIVERGENCE for code, _, _ in r.notes)
