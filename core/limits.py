@@ -45,7 +45,7 @@ class Limits:
     # of every fold of one pickle together (evaluation and the mutation check). Past them
     # the operand is unresolved, which is itself reported as evasion (fail closed).
     max_fold_bytes: int = 64 * 1024
-    max_fold_calls: int = 256
+    max_fold_calls: int = 1024                  # calls and map()/reduce() applications
     max_fold_depth: int = 64
     max_fold_steps: int = 1_000_000
     max_nested_pickles: int = 64                # inline pickles (pickle.loads(b'...')) interpreted per scan

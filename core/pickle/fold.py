@@ -117,8 +117,9 @@ _CODECS = frozenset("""
     """.split())
 _ERRORS = frozenset({"strict", "ignore", "replace", "surrogateescape", "surrogatepass",
                      "backslashreplace"})
-# format() / str.format specs: no nested fields, a width of at most two digits
-_FORMAT_SPEC = re.compile(r"(.?[<>=^])?[+\- ]?z?#?0?\d{0,2}[,_]?(\.\d{1,2})?[bcdeEfFgGnosxX%]?")
+# format() / str.format specs: no nested fields, a width of at most two digits, no 'n'
+# (its output follows the process locale)
+_FORMAT_SPEC = re.compile(r"(.?[<>=^])?[+\- ]?z?#?0?\d{0,2}[,_]?(\.\d{1,2})?[bcdeEfFgGosxX%]?")
 _FIELD_NAME = re.compile(r"\d{0,3}|[A-Za-z_][A-Za-z0-9_]{0,30}")
 # printf-style: flags, a width/precision of at most two digits, no '*'
 _PERCENT = re.compile(r"%(?:%|(?:\([^()]{0,30}\))?[#0\- +]*\d{0,2}(?:\.\d{0,2})?[diouxXeEfFgGcrsa])")
@@ -159,6 +160,9 @@ class _Folder:
     def value(self, v: Any, depth: int) -> Any:
         if depth > self.limits.max_fold_depth:
             raise Unfoldable("expression nested too deep")
+        self.budget.steps -= 1      # a tuple DAG through the memo has 2**depth paths
+        if self.budget.steps < 0:
+            raise Unfoldable("too many values to evaluate")
         t = type(v)
         if t is str or t is bytes or t is int or t is bool or t is float or v is None:
             self.check_size(v)
@@ -224,8 +228,11 @@ class _Folder:
         return self.apply(func, args, {})
 
     def apply(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        # every application counts, map()/reduce() steps too: reduce(add, 64k items) would
+        # otherwise copy a growing 64 KiB accumulator 64k times
+        self.calls += 1
         self.budget.steps -= 1
-        if self.budget.steps < 0:
+        if self.calls > self.limits.max_fold_calls or self.budget.steps < 0:
             raise Unfoldable("too many calls to evaluate")
         t = type(func)
         try:
@@ -548,6 +555,10 @@ def _method(f: _Folder, recv: Any, name: Any, args: tuple[Any, ...], kwargs: dic
         for d in args:
             if type(d) is dict and len(d) > 1024:
                 raise Unfoldable("translation table too large")
+    if name == "translate" and args and type(args[0]) is dict:
+        longest = max((len(v) for v in args[0].values() if type(v) is str), default=1)
+        if len(recv) * longest > f.limits.max_fold_bytes:
+            raise Unfoldable("translate past the size cap")
     result = getattr(recv, name)(*args, **kwargs)
     if type(result) is not dict:
         return result
