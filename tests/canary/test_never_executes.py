@@ -81,9 +81,18 @@ def numpy_object_array(m: Path) -> bytes:
                        "NONE", "NEWTRUE"))
 
 
+def computed_import(m: Path) -> bytes:
+    """STACK_GLOBAL(codecs.decode(base64.b64decode(b'b3M='), 'ascii'), 'system'): no `os` in
+    the bytes and no dangerous helper; only folding the import names os.system."""
+    return _pkl(*_call("codecs", "decode", *_call("base64", "b64decode", ("BINBYTES", b"b3M=")),
+                       ("BINUNICODE", "ascii")),
+                ("BINUNICODE", "system"), "STACK_GLOBAL", ("BINUNICODE", f"touch {m}"), "TUPLE1",
+                "REDUCE")
+
+
 PAYLOADS: dict[str, Payload] = {f.__name__: f for f in (
     os_system, subprocess_call, builtins_exec, builtins_eval, builtins_open, getattr_import_chain,
-    nested_pickle_loads, nested_torch_load, numpy_object_array)}
+    nested_pickle_loads, nested_torch_load, numpy_object_array, computed_import)}
 
 
 # -- containers -----------------------------------------------------------------------------
