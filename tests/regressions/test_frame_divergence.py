@@ -33,8 +33,8 @@ def straddling() -> bytes:
 class Recorder(pickle.Unpickler):
     """CPython's C unpickler with a find_class that records instead of importing."""
 
-    def __init__(self, file: Any) -> None:
-        super().__init__(file)
+    def __init__(self, file: Any, **kwargs: Any) -> None:
+        super().__init__(file, **kwargs)
         self.imported: list[tuple[str, str]] = []
 
     def find_class(self, module: str, name: str) -> Any:
@@ -90,3 +90,23 @@ def test_pickler_output_never_diverges_property(value: Any, protocol: int) -> No
     r = run_vm(pickle.dumps(value, protocol=protocol))
     assert r.complete
     assert all(code != Code.PICKLE_FRAME_DIVERGENCE for code, _, _ in r.notes)
+
+
+def test_torch_load_reads_the_hidden_opcodes() -> None:
+    """torch.load(weights_only=False) unpickles data.pkl from a BytesIO with the pickle
+    module's Unpickler: a recording one shows the import the scan's reading never sees."""
+    torch = pytest.importorskip("torch")
+    import types
+
+    from tests.canary.test_never_executes import torch_zip
+
+    seen: list[tuple[str, str]] = []
+
+    class TorchRecorder(Recorder):
+        def find_class(self, module: str, name: str) -> Any:
+            seen.append((module, name))
+            return lambda *a: None
+
+    module = types.SimpleNamespace(Unpickler=TorchRecorder, __name__="recording_pickle")
+    torch.load(io.BytesIO(torch_zip(straddling())), weights_only=False, pickle_module=module)
+    assert ("os", "system") in seen
