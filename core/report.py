@@ -32,10 +32,12 @@ class Finding:
     severity: Severity | None = None     # None: the code's default
     record: str | None = None            # archive record (e.g. "archive/data.pkl")
     offset: int | None = None            # absolute byte offset in the file
+    length: int | None = None            # bytes the finding covers from `offset` (core.regions)
 
     def to_json(self) -> dict[str, Any]:
         return {"code": str(self.code), "severity": str(self.severity or self.code.severity),
-                "message": self.message, "record": self.record, "offset": self.offset}
+                "message": self.message, "record": self.record, "offset": self.offset,
+                "length": self.length}
 
 
 @dataclass(slots=True)
@@ -208,6 +210,9 @@ class Report:
     timings_ms: dict[str, float] = field(default_factory=dict)
     scanner_version: str = ""
     extra: dict[str, Any] = field(default_factory=dict)  # format-specific (e.g. pt2 program)
+    # the map of the file (core.regions.Region rows) and how many regions were not listed
+    regions: list[Any] = field(default_factory=list)
+    regions_omitted: int = 0
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -223,6 +228,8 @@ class Report:
             "storages": [s.to_json() for s in self.storages],
             "io": dict(self.io),
             "timings_ms": dict(self.timings_ms),
+            "regions": [r.to_json() for r in self.regions],
+            "regions_omitted": self.regions_omitted,
         }
         if self.extra:
             out["extra"] = self.extra

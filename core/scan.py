@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 from ckptguard.core import __version__
 from ckptguard.core.errors import CkptError, Code, LimitExceeded, SourceError
 from ckptguard.core.io.source import ByteSource, BytesSource, FileSource, ReadOnce
+from ckptguard.core.regions import finish as finish_regions
 from ckptguard.core.report import FormatName, Report, SourceInfo, WeightsOnly, bound_names, decide_verdict
 from ckptguard.core.sniff import HEAD_BYTES, Sniffed, sniff
 from ckptguard.core.state import Analysis, ScanOptions
@@ -98,6 +99,11 @@ def _report(an: Analysis, source: ByteSource, info: SourceInfo, started: float) 
         an.add(Code.LIMIT_NAME, f"{shortened} tensor names and paths were longer than {max_name} "
                "characters: each keeps a prefix, then '...#sha256:' and the digest of the whole name")
     an.capped_findings()
+    regions, omitted, findings = finish_regions(
+        an.regions, an.zip_spans, an.findings, file_size=source.size,
+        storage_records={s.record for s in an.storages if s.record is not None},
+        max_regions=an.options.limits.max_regions)
+    an.findings = findings
     wo = an.weights_only or WeightsOnly(loadable=False, error="not a torch checkpoint",
                                         error_type=None)
     verdict = decide_verdict(an.findings, wo.loadable)
@@ -107,7 +113,7 @@ def _report(an: Analysis, source: ByteSource, info: SourceInfo, started: float) 
         findings=an.findings, tensors=an.tensors, storages=an.storages,
         io={"bytes_read": source.stats.bytes_read, "requests": source.stats.requests, **an.io},
         timings_ms={"total": round((time.perf_counter() - started) * 1000, 3)},
-        scanner_version=__version__, extra=an.extra,
+        scanner_version=__version__, extra=an.extra, regions=regions, regions_omitted=omitted,
     )
 
 

@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from ckptguard.core.errors import CkptError, Code, Severity
 from ckptguard.core.limits import DEFAULT_LIMITS, Limits
+from ckptguard.core.regions import Region, ZipSpans
 from ckptguard.core.report import (
     Finding,
     FormatName,
@@ -58,6 +59,9 @@ class Analysis:
     # counted, and `capped_findings` adds one summary per code (a report's size follows the
     # kinds of anomaly, not their count; the verdict keeps the first ones of each severity)
     per_code: dict[tuple[Code, Severity | None], int] = field(default_factory=dict)
+    # the map of the file (core.regions): sections the formats record, a zip's spans
+    regions: list[Region] = field(default_factory=list)
+    zip_spans: ZipSpans | None = None
 
     def add(self, code: Code, message: str, *, record: str | None = None,
             offset: int | None = None, severity: Severity | None = None) -> Finding:

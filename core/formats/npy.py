@@ -28,6 +28,7 @@ import numpy as np
 from ckptguard.core.errors import CkptError, Code, FormatError, LimitExceeded, SourceError
 from ckptguard.core.formats.pyliteral import LiteralError, parse_literal
 from ckptguard.core.io.source import ByteSource, BytesSource, IoStats, check_span
+from ckptguard.core.regions import add_region
 from ckptguard.core.report import TensorEntry, WeightsOnly
 from ckptguard.core.state import Analysis
 from ckptguard.core.zip.checks import check_archive
@@ -187,6 +188,8 @@ def analyze_array(source: ByteSource, an: Analysis, *, name: str, record: str | 
         an.add(exc.code, exc.message, record=record, offset=abs_(exc.offset or 0))
         return False
     size = source.size
+    if record is None:   # a whole .npy file (an .npz member is on the archive's map)
+        add_region(an.regions, "header", ".npy header", 0, min(header.data_pos, size))
     # np.load's first use of the shape, before the dtype check: multiply.reduce(shape,
     # dtype=int64) converts every dimension (the message never shows them: 4000-digit ints)
     if any(not -2**63 <= d <= 2**64 - 1 for d in header.shape):
@@ -198,6 +201,9 @@ def analyze_array(source: ByteSource, an: Analysis, *, name: str, record: str | 
                "pickle; np.load refuses it without allow_pickle", record=record,
                offset=abs_(header.data_pos))
         _scan_object_pickle(source, an, header, record=record, base=base)
+        if record is None:
+            add_region(an.regions, "pickle", f"{name} (object array)", header.data_pos,
+                       size - header.data_pos)
         return False
     refusal = _numpy_refusal(header.shape, header.dtype.itemsize)
     if refusal is not None:
@@ -219,6 +225,8 @@ def analyze_array(source: ByteSource, an: Analysis, *, name: str, record: str | 
                "(np.load ignores them)", record=record, offset=abs_(end))
     if len(an.tensors) >= an.options.limits.max_tensors:
         raise LimitExceeded(Code.LIMIT_TENSORS, f"more than {an.options.limits.max_tensors} arrays")
+    if record is None:
+        add_region(an.regions, "tensor_data", name, header.data_pos, nbytes)
     an.tensors.append(TensorEntry(
         name=name, path=[name], dtype=torch_dtype_name(header.dtype),
         shape=list(header.shape), stride=_strides(header.shape, header.fortran_order),

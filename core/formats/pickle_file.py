@@ -10,6 +10,7 @@ from __future__ import annotations
 from ckptguard.core.errors import Code, LimitExceeded
 from ckptguard.core.io.source import ByteSource
 from ckptguard.core.judge import scan_pickle, set_weights_only
+from ckptguard.core.regions import add_region
 from ckptguard.core.state import Analysis
 
 
@@ -20,5 +21,11 @@ def analyze(source: ByteSource, an: Analysis) -> None:
                             f"{source.size}-byte pickle exceeds {limits.max_pickle_bytes}")
     data = source.read_at(0, source.size)
     scan = scan_pickle(data, an, record=None, base_offset=0)
+    # no STOP: the whole file is what pickle.load would read
+    end = scan.end if scan.vm.complete else source.size
+    add_region(an.regions, "pickle", "pickle", 0, end)
+    trailing = next((f.offset for f in an.findings if f.code is Code.PICKLE_TRAILING_DATA
+                     and f.record is None and f.offset is not None), source.size)
+    add_region(an.regions, "pickle", "pickles after STOP", end, trailing - end)
     set_weights_only(an, scan.weights_only.error, None if scan.fast else data,
                      calls=scan.vm.calls)

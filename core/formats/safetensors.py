@@ -26,6 +26,7 @@ from typing import Any
 from ckptguard.core.errors import Code, FormatError, LimitExceeded
 from ckptguard.core.io.source import ByteSource
 from ckptguard.core.limits import DEFAULT_LIMITS
+from ckptguard.core.regions import add_region
 from ckptguard.core.report import TensorEntry, WeightsOnly
 from ckptguard.core.state import Analysis
 from ckptguard.core.torch.dtypes import SAFETENSORS_DTYPE
@@ -92,6 +93,8 @@ def analyze(source: ByteSource, an: Analysis) -> None:
         an.add(Code.ST_DUPLICATE_NAME, f"tensor name {name!r} appears more than once; "
                "the library keeps the last one, other readers may keep the first", offset=8)
     base = 8 + header.header_len
+    add_region(an.regions, "header", "safetensors header", 0, min(base, size))
+    add_region(an.regions, "tensor_data", "data buffer", base, size - base)
     for t in header.tensors:
         # no entry without a byte size or with offsets past int64: validate() said why
         if _numel(t.shape) is None or base + max(t.begin, t.end) > INT64_MAX:

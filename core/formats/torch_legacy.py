@@ -28,6 +28,7 @@ from ckptguard.core.manifest.build import SiteTable, StorageSite, build_manifest
 from ckptguard.core.pickle.renames import torch_map
 from ckptguard.core.pickle.vm import run_vm
 from ckptguard.core.pickle.window import PickleWindow
+from ckptguard.core.regions import add_region
 from ckptguard.core.state import Analysis
 from ckptguard.core.threats.assess import assess
 from ckptguard.core.torch.rules import storage_itemsize
@@ -105,6 +106,7 @@ class _Stream:
                        offset=pos)
                 break
             end = window.pickle_end(pos, an)
+            add_region(an.regions, "pickle", f"{what} pickle", pos, (end or self.source.size) - pos)
             scan = scan_pickle(window.buf, an, record=None, base_offset=0, legacy=True, start=pos,
                                check_trailing=False)
             scans.append(scan)
@@ -121,6 +123,9 @@ class _Stream:
                 keys = self.key_list(scans[4], blocks)
                 sites = self.locate(keys, blocks, pos) if keys is not None else {}
             build_manifest(main.root, SiteTable(sites), an)
+            for site_key, site in sites.items():
+                add_region(an.regions, "tensor_data", f"storage {site_key}", site.data_offset,
+                           site.record_nbytes or 0)
         self.finish([c for scan in scans for c in scan.vm.calls])
 
     def check(self, what: str, scan: PickleScan) -> None:

@@ -57,6 +57,7 @@ from ckptguard.core.pickle.fast.column_stubs import (
 )
 from ckptguard.core.pickle.fast.tokenize import CheckedDict, CheckedList, Tokens
 from ckptguard.core.pickle.vm import VmResult
+from ckptguard.core.regions import ZipSpans
 from ckptguard.core.report import StorageEntry, TensorEntry, join_name
 from ckptguard.core.state import Analysis
 from ckptguard.core.threats.assess import assess
@@ -103,6 +104,7 @@ class _Result:
     tensors: list[TensorEntry]
     storages: list[StorageEntry]
     entries: int               # zip entries (all local headers were read)
+    spans: ZipSpans            # the map of the file (core.regions)
 
     def commit(self, an: Analysis) -> None:
         toks = self.tokens
@@ -111,6 +113,7 @@ class _Result:
         an.format = "torch-zip"
         an.io["zip_local_headers_read"] = self.entries
         an.io["zip_entries"] = self.entries
+        an.zip_spans = self.spans
         assess(vm, an, allow=an.options.allow, record=self.pkl_name)
         if toks.protocol is not None and toks.protocol != 2:
             an.add(Code.PICKLE_PROTOCOL, f"pickle protocol {toks.protocol}", record=self.pkl_name,
@@ -156,7 +159,21 @@ def _judge(source: ByteSource, an: Analysis) -> _Result:
     views = _Views(loaded, storages)
     tensors, used = _walk(loaded, views, storages, arc.names[pkl_row], limits)
     entries = storages.entries(used, arc)
-    return _Result(arc.names[pkl_row], loaded.tokens, base, tensors, entries, len(arc.names))
+    return _Result(arc.names[pkl_row], loaded.tokens, base, tensors, entries, len(arc.names),
+                   _spans(arc, source.size))
+
+
+def _spans(arc: PlainArchive, file_size: int) -> ZipSpans:
+    """The archive's spans in file order: read_plain_archive proved the records tile the file
+    up to the directory, and the end records follow it up to the last byte."""
+    order = np.argsort(arc.header_offset, kind="stable")
+    header = arc.header_offset[order].tolist()
+    names = arc.names
+    return ZipSpans(names=[names[i] for i in order.tolist()], header=header,
+                    data=arc.data_offset[order].tolist(), size=arc.size[order].tolist(),
+                    end=[*header[1:], arc.cd_offset], cd_offset=arc.cd_offset,
+                    cd_end=arc.cd_offset + arc.cd_size, tail_start=arc.cd_offset + arc.cd_size,
+                    archive_end=file_size, file_size=file_size, prefix=arc.prefix)
 
 
 def _read_meta(source: ByteSource, arc: PlainArchive, row_of: Any) -> dict[str, bytes]:

@@ -27,6 +27,7 @@ from collections.abc import Mapping
 
 from ckptguard.core.errors import CkptError, Code
 from ckptguard.core.io.source import ByteSource
+from ckptguard.core.regions import zip_spans_of
 from ckptguard.core.state import Analysis
 from ckptguard.core.zip.directory import (
     LocalHeader,
@@ -74,6 +75,7 @@ class _Capped:
 
 def check_archive(directory: ZipDirectory, locals_: Mapping[int, LocalHeader], an: Analysis) -> None:
     """Add every zip-level anomaly of `directory` (and the given local headers) to `an`."""
+    an.zip_spans = zip_spans_of(directory, locals_, directory.size)   # the map (core.regions)
     out = _Capped(an)
     _check_names(directory, out)
     _check_entries(directory, locals_, out)

@@ -67,6 +67,7 @@ class PlainArchive:
     size: Ints                     # stored: compressed == uncompressed
     cd_offset: int
     bytes_read: int                # what this module read (the source counts it too)
+    cd_size: int = 0               # the end records follow the directory, then the file ends
 
 
 def _u16(buf: npt.NDArray[np.uint8], at: Ints) -> Ints:
@@ -255,4 +256,4 @@ def read_plain_archive(source: ByteSource, limits: Limits) -> PlainArchive:
         raise Decline("records do not tile the file")
     read = EOCD_SIZE + cd_size + sum(n for _, n in chunks)
     return PlainArchive(prefix.decode("ascii"), names, index, folded, header, data, size,
-                        cd_offset, read)
+                        cd_offset, read, cd_size)
