@@ -5,7 +5,8 @@ from __future__ import annotations
 import hmac
 from typing import Annotated
 
-from fastapi import Depends, Request
+from fastapi import Depends, Request, Security
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from ckptguard.app.jobs import Jobs
 from ckptguard.app.metrics import Metrics
@@ -41,7 +42,15 @@ JobsDep = Annotated[Jobs, Depends(_jobs)]
 MetricsDep = Annotated[Metrics, Depends(_metrics)]
 
 
-def require_api_key(request: Request) -> None:
+# Declares the scheme in the OpenAPI document (every route that checks the key shows it);
+# the check itself reads the header below, so a missing key is our own 401 problem document.
+_BEARER = HTTPBearer(auto_error=False, scheme_name="bearer",
+                     description="one of CKPTGUARD_API_KEYS (when keys are configured)")
+
+
+def require_api_key(request: Request,
+                    declared: Annotated[HTTPAuthorizationCredentials | None, Security(_BEARER)] = None,
+                    ) -> None:
     """`Authorization: Bearer <key>` when CKPTGUARD_API_KEYS is set; constant-time compare."""
     keys: list[str] = request.app.state.settings.api_keys
     if not keys:

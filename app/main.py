@@ -22,9 +22,10 @@ from ckptguard.app import logs, problems
 from ckptguard.app.deps import AuthDep
 from ckptguard.app.jobs import Jobs
 from ckptguard.app.metrics import Metrics
+from ckptguard.app.openapi import install_openapi
 from ckptguard.app.pipeline import ScanService
 from ckptguard.app.problems import problem
-from ckptguard.app.routes import health, scan, scans
+from ckptguard.app.routes import health, scan, scans, ui
 from ckptguard.app.settings import Settings
 from ckptguard.app.store import Store
 from ckptguard.app.uploads import sweep_stale
@@ -151,8 +152,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             await jobs.close()
             await asyncio.to_thread(store.close)
 
+    # /docs is served from local files (app/routes/ui.py): no CDN, works offline
     app = FastAPI(title="ckptguard", version=__version__, lifespan=lifespan,
-                  summary="Judge model checkpoints without executing them")
+                  summary="Judge model checkpoints without executing them",
+                  docs_url=None, redoc_url=None)
     app.state.settings = settings
     app.state.metrics = metrics
     problems.install(app)
@@ -168,6 +171,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     from ckptguard.app.routes import hub  # POST /webhooks/huggingface, GET /hub/... (app/routes/hub.py)
 
     app.include_router(hub.router)
+    app.include_router(ui.router)
+    install_openapi(app)
     return app
 
 

@@ -11,6 +11,8 @@ Blocking calls: the async runner uses `asyncio.to_thread`.
 
 from __future__ import annotations
 
+import base64
+import re
 import time
 import uuid
 from dataclasses import dataclass
@@ -42,6 +44,25 @@ def _now() -> datetime:
 def worst(verdicts: list[str | None]) -> str | None:
     known = [v if v in VERDICT_RANK else "invalid" for v in verdicts]
     return max(known, key=VERDICT_RANK.__getitem__) if known else None
+
+
+def encode_job_cursor(job: Any) -> str:
+    created = job.created_at if job.created_at.tzinfo else job.created_at.replace(tzinfo=UTC)
+    raw = f"{created.isoformat()}|{job.id}".encode()
+    return base64.urlsafe_b64encode(raw).decode("ascii").rstrip("=")
+
+
+def decode_job_cursor(cursor: str) -> tuple[datetime, str]:
+    """(created_at, id) of the last revision of a page; ValueError if it is not ours."""
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode("ascii")
+        created, job_id = raw.split("|")
+        when = datetime.fromisoformat(created)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ValueError("bad cursor") from exc
+    if not re.fullmatch(r"[0-9a-f]{32}", job_id) or when.tzinfo is None:
+        raise ValueError("bad cursor")
+    return when, job_id
 
 
 class HubDb:
@@ -135,6 +156,34 @@ class HubDb:
             return conn.execute(sa.select(hub_jobs).where(
                 hub_jobs.c.repo_type == repo_type, hub_jobs.c.repo == repo,
                 hub_jobs.c.revision == revision)).first()
+
+    def list_jobs(self, *, limit: int, cursor: str | None = None, state: str | None = None,
+                  ) -> tuple[list[Any], str | None]:
+        """Revisions newest first, `limit` at most, and the cursor of the next page (or None).
+
+        Raises ValueError on a cursor `list_jobs` did not issue."""
+        query = sa.select(hub_jobs)
+        if state is not None:
+            query = query.where(hub_jobs.c.state == state)
+        if cursor is not None:
+            created, job_id = decode_job_cursor(cursor)
+            query = query.where(sa.or_(hub_jobs.c.created_at < created, sa.and_(
+                hub_jobs.c.created_at == created, hub_jobs.c.id < job_id)))
+        query = query.order_by(hub_jobs.c.created_at.desc(), hub_jobs.c.id.desc()).limit(limit + 1)
+        with self.engine.connect() as conn:
+            rows = list(conn.execute(query).all())
+        more = len(rows) > limit
+        rows = rows[:limit]
+        return rows, encode_job_cursor(rows[-1]) if more and rows else None
+
+    def file_page(self, job_id: str, limit: int) -> tuple[list[Any], dict[str, int]]:
+        """A revision's first `limit` files by path, and how many files are in each state."""
+        with self.engine.connect() as conn:
+            files = list(conn.execute(sa.select(hub_files).where(hub_files.c.job_id == job_id)
+                                      .order_by(hub_files.c.path).limit(limit)).all())
+            counts = conn.execute(sa.select(hub_files.c.state, sa.func.count()).where(
+                hub_files.c.job_id == job_id).group_by(hub_files.c.state)).all()
+        return files, {str(state): int(n) for state, n in counts}
 
     def reset(self, job_id: str) -> bool:
         """Queue a finished revision again from scratch (tree listing, every file).

@@ -114,7 +114,16 @@ def summary(db: HubDb, job_id: str) -> dict[str, Any] | None:
     job = db.job(job_id)
     if job is None:
         return None
-    files = db.files(job_id)
+    return _job_doc(job, db.files(job_id))
+
+
+def revision_item(job: Any, files: list[Any], states: dict[str, int]) -> dict[str, Any]:
+    """One revision of GET /hub/revisions: the document with its first files and the count
+    of files in each state."""
+    return {**_job_doc(job, files), "file_count": sum(states.values()), "file_states": states}
+
+
+def _job_doc(job: Any, files: list[Any]) -> dict[str, Any]:
     return {
         "job_id": job.id, "repo_type": job.repo_type, "repo": job.repo, "revision": job.revision,
         "ref": job.ref, "state": job.state, "verdict": job.verdict, "error": job.error,

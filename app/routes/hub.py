@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse
@@ -21,6 +21,7 @@ from ckptguard.app.hub.webhook import (
     check_secret,
     parse_event,
     repo_type_of,
+    revision_item,
     summary,
     valid_repo,
 )
@@ -82,6 +83,32 @@ def _repo(path: str) -> str:
     if repo is None:
         raise AppError("BAD_REPO", 404, "not a valid repository name")
     return repo
+
+
+MAX_REVISION_PAGE = 100
+FILES_PER_REVISION = 200   # per revision in the list; the revision's own document has them all
+
+
+@router.get("/hub/revisions", dependencies=[AuthDep])
+async def revisions(
+    request: Request,
+    limit: Annotated[int, Query(ge=1, le=MAX_REVISION_PAGE)] = 20,
+    cursor: Annotated[str | None, Query(max_length=200)] = None,
+    state: Literal["queued", "running", "done", "failed"] | None = None,
+) -> JSONResponse:
+    """Revisions the hub's webhook queued, newest first, each with its files' states
+    (the first 200 files by path, and `file_states`: how many files are in each state)."""
+    runner = _runner(request)
+    try:
+        jobs, next_cursor = await asyncio.to_thread(runner.db.list_jobs, limit=limit,
+                                                    cursor=cursor, state=state)
+    except ValueError as exc:
+        raise AppError("BAD_CURSOR", 400, "the cursor is not one this service issued") from exc
+    items = []
+    for job in jobs:
+        files, states = await asyncio.to_thread(runner.db.file_page, job.id, FILES_PER_REVISION)
+        items.append(revision_item(job, files, states))
+    return JSONResponse({"items": items, "next_cursor": next_cursor})
 
 
 @router.get("/hub/{repo_type}/{repo:path}/revisions/{sha}", dependencies=[AuthDep])

@@ -306,3 +306,28 @@ def test_repository_without_namespace_is_queryable(make_client: MakeClient) -> N
     assert doc["repo"] == "gpt2" and doc["state"] in ("done", "failed")
     traversal = client.get("/hub/model/a/../b/c/revisions/" + "b7" * 20)
     assert traversal.status_code == 404
+
+
+def test_revisions_list_pages_newest_first_with_file_states(make_client: MakeClient) -> None:
+    client = make_client()
+    deliver(client, payload(REV_A))
+    wait_done(client, REV_A)
+    deliver(client, payload(REV_B))
+    wait_done(client, REV_B)
+    first = client.get("/hub/revisions", params={"limit": 1})
+    assert first.status_code == 200, first.text
+    [newest] = first.json()["items"]
+    assert newest["revision"] == REV_B and first.json()["next_cursor"]
+    second = client.get("/hub/revisions", params={"limit": 1, "cursor": first.json()["next_cursor"]})
+    [older] = second.json()["items"]
+    assert older["revision"] == REV_A and second.json()["next_cursor"] is None
+    doc = client.get(f"/hub/model/{REPO}/revisions/{REV_A}").json()
+    assert older["files"] == doc["files"] and older["file_count"] == len(doc["files"])
+    states: dict[str, int] = {}
+    for f in doc["files"]:
+        states[f["state"]] = states.get(f["state"], 0) + 1
+    assert older["file_states"] == states
+    assert client.get("/hub/revisions", params={"state": "queued"}).json()["items"] == []
+    assert len(client.get("/hub/revisions", params={"state": "done"}).json()["items"]) == 2
+    bad = client.get("/hub/revisions", params={"cursor": "bm90IG91cnM"})
+    assert bad.status_code == 400 and bad.json()["code"] == "BAD_CURSOR"
