@@ -63,7 +63,7 @@ export function scanView(view, navigate) {
     if (file) send(file);
   });
 
-  const urlInput = h("input", { type: "url", id: "url-input", name: "url", placeholder: "https://…/model.safetensors", required: true });
+  const urlInput = h("input", { type: "url", id: "url-input", name: "url", placeholder: "URL of a checkpoint (http or https)", required: true });
   const urlForm = h("form", { class: "url-form" },
     h("label", { for: "url-input" }, "Or scan a URL (read with HTTP Range requests)"),
     h("div", { class: "inline" }, urlInput, h("button", { type: "submit", class: "primary" }, "Scan URL")));
