@@ -59,6 +59,9 @@ def test_the_wheel_has_one_top_level_package(wheel: Path) -> None:
     assert "ckptguard/core/scan.py" in names and "ckptguard/app/cli.py" in names
     assert "ckptguard/app/migrations/versions/0001_scans.py" in names
     assert "ckptguard/app/alembic.ini" in names
+    # the web page's files (issue 17): the wheel and the image serve /ui/ from them
+    ui = Path(__file__).resolve().parents[2] / "app" / "ui"
+    assert {f"ckptguard/app/ui/{p.name}" for p in ui.iterdir() if p.is_file()} <= set(names)
     assert infos["ckptguard/core/scan.py"].file_size > 1000
     with zipfile.ZipFile(wheel) as zf:
         entry = zf.read(next(n for n in names if n.endswith("entry_points.txt"))).decode()
