@@ -28,7 +28,8 @@ def main(out: Path) -> None:
             chromium(1280, 1000) as browser:
         with httpx.Client(base_url=server.url, timeout=120) as client:
             odd = client.post("/scan", files={"file": ("odd-model.pt", _odd_archive())}).json()
-            many = client.post("/scan", files={"file": ("encoder.pt", _checkpoint(names, half_every=3))}).json()
+            encoder = _checkpoint(names, half_every=3)
+            many = client.post("/scan", files={"file": ("encoder.pt", encoder)}).json()
         browser.get(f"{server.url}/ui/")
         time.sleep(1)
         browser.save_screenshot(str(out / VIEWS[0]))
