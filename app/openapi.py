@@ -144,6 +144,10 @@ def build(app: FastAPI) -> dict[str, Any]:
                 errors.setdefault(422, ["VALIDATION_ERROR"])
             if op.get("security"):   # the routes that depend on require_api_key
                 errors.setdefault(401, []).insert(0, "UNAUTHORIZED")
+            # any request whose head is too slow; a JSON body too slow (app/main.py)
+            errors.setdefault(408, []).append("HEAD_TIMEOUT")
+            if method == "post" and key_path != "/scan":
+                errors[408].append("REQUEST_TIMEOUT")
             errors.setdefault(500, []).append("INTERNAL_ERROR")
             for status, codes in sorted(errors.items()):
                 responses[str(status)] = _problem(codes)
