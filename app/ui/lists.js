@@ -26,19 +26,19 @@ function paged(view, title, form, fetchPage, renderItems) {
   const more = h("button", { type: "button", hidden: true }, "Load more");
   const status = h("div", { role: "status", "aria-live": "polite" });
   let cursor = null;
+  let latest = 0;   // a newer search wins over an answer still on its way
   async function load(reset) {
-    if (reset) {
-      cursor = null;
-      list.replaceChildren();
-    }
+    const mine = reset ? ++latest : latest;
     try {
-      const page = await fetchPage(cursor);
+      const page = await fetchPage(reset ? null : cursor);
+      if (mine !== latest) return;
+      if (reset) list.replaceChildren();
       list.append(renderItems(page.items));
       clear(status, page.items.length || !reset ? "" : "Nothing yet.");
       cursor = page.next_cursor;
       more.hidden = !cursor;
     } catch (error) {
-      clear(status, errorBox(error));
+      if (mine === latest) clear(status, errorBox(error));
     }
   }
   more.addEventListener("click", () => load(false));
