@@ -323,3 +323,26 @@ def test_history_filters_by_verdict_format_and_sha256(
     choose("#format", "pickle")
     wait(browser, lambda: "history-evil.pkl" in text(browser) and "appended.pt" not in text(browser),
          "the format filter")
+
+
+def test_upload_shows_progress_and_can_be_cancelled(server: Server, browser: Any, tmp_path: Path) -> None:
+    big = tmp_path / "big.pt"
+    big.write_bytes(b"\x80\x02" + bytes(16 * 1024 * 1024))
+    before = httpx.get(f"{server.url}/scans", headers=AUTH, params={"limit": 100}).json()["items"]
+    open_page(browser, f"{server.url}/ui/", "#dropzone")
+    browser.set_network_conditions(offline=False, latency=5, download_throughput=10 * 1024 * 1024,
+                                   upload_throughput=2 * 1024 * 1024)
+    try:
+        css(browser, "#file-input").send_keys(str(big))
+        wait(browser, lambda: "Uploading big.pt:" in css(browser, ".status").text, "upload progress")
+        progress = css(browser, "progress")
+        assert progress.is_displayed()
+        cancel = next(b for b in browser.find_elements("css selector", "button") if b.text == "Cancel upload")
+        cancel.click()
+        wait(browser, lambda: "cancelled" in css(browser, ".status").text, "the cancel")
+        assert not progress.is_displayed() and browser.current_url == f"{server.url}/ui/"
+    finally:
+        browser.delete_network_conditions()
+    time.sleep(1)
+    after = httpx.get(f"{server.url}/scans", headers=AUTH, params={"limit": 100}).json()["items"]
+    assert len(after) == len(before)          # nothing was scanned or stored
