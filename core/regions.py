@@ -212,24 +212,3 @@ def _merged_runs(spans: ZipSpans, first: int) -> list[Region]:
             i += 1
         runs.append(Region("records", f"{count} records", start, end - start))
     return runs
-
-
-def zip_spans_of(directory: Any, locals_: Any, file_size: int) -> ZipSpans:
-    """ZipSpans of a parsed directory (core.zip.directory) and the local headers read."""
-    from ckptguard.core.zip.layout import FLAG_DESCRIPTOR, LOCAL_SIZE
-    from ckptguard.core.zip.offsets import descriptor_size
-
-    rows = []
-    for e in directory.entries:
-        local = locals_.get(e.index)
-        data = local.data_offset if local is not None else e.header_offset + LOCAL_SIZE + len(e.name_bytes)
-        desc = descriptor_size(e.header_offset, e.compressed_size) if e.flags & FLAG_DESCRIPTOR else 0
-        rows.append((e.header_offset, data, e.compressed_size, data + e.compressed_size + desc, e.name))
-    rows.sort()
-    tail = directory.zip64_eocd_offset if directory.zip64_eocd_offset is not None \
-        else directory.eocd_offset
-    return ZipSpans(names=[r[4] for r in rows], header=[r[0] for r in rows],
-                    data=[r[1] for r in rows], size=[r[2] for r in rows], end=[r[3] for r in rows],
-                    cd_offset=directory.cd_offset, cd_end=directory.cd_offset + directory.cd_size,
-                    tail_start=tail, archive_end=directory.archive_end, file_size=file_size,
-                    prefix=directory.prefix())

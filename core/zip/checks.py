@@ -27,7 +27,6 @@ from collections.abc import Mapping
 
 from ckptguard.core.errors import CkptError, Code
 from ckptguard.core.io.source import ByteSource
-from ckptguard.core.regions import zip_spans_of
 from ckptguard.core.state import Analysis
 from ckptguard.core.zip.directory import (
     LocalHeader,
@@ -48,6 +47,7 @@ from ckptguard.core.zip.layout import (
     ZIP64_LOCATOR_SIZE,
 )
 from ckptguard.core.zip.offsets import descriptor_size
+from ckptguard.core.zip.spans import zip_spans_of
 
 KNOWN_METHODS = {0: "stored", 8: "deflate"}
 
@@ -75,7 +75,7 @@ class _Capped:
 
 def check_archive(directory: ZipDirectory, locals_: Mapping[int, LocalHeader], an: Analysis) -> None:
     """Add every zip-level anomaly of `directory` (and the given local headers) to `an`."""
-    an.zip_spans = zip_spans_of(directory, locals_, directory.size)   # the map (core.regions)
+    an.zip_spans = zip_spans_of(directory, locals_)   # the map of the file (core.regions)
     out = _Capped(an)
     _check_names(directory, out)
     _check_entries(directory, locals_, out)
