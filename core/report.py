@@ -32,7 +32,7 @@ class Finding:
     severity: Severity | None = None     # None: the code's default
     record: str | None = None            # archive record (e.g. "archive/data.pkl")
     offset: int | None = None            # absolute byte offset in the file
-    length: int | None = None            # bytes the finding covers from `offset` (core.regions)
+    length: int | None = None            # bytes the finding covers from `offset` (core.filemap)
 
     def to_json(self) -> dict[str, Any]:
         return {"code": str(self.code), "severity": str(self.severity or self.code.severity),
@@ -210,7 +210,7 @@ class Report:
     timings_ms: dict[str, float] = field(default_factory=dict)
     scanner_version: str = ""
     extra: dict[str, Any] = field(default_factory=dict)  # format-specific (e.g. pt2 program)
-    # the map of the file (core.regions.Region rows) and how many regions were not listed
+    # the map of the file (core.filemap.Region rows) and how many regions were not listed
     regions: list[Any] = field(default_factory=list)
     regions_omitted: int = 0
 

@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING
 
 from ckptguard.core import __version__
 from ckptguard.core.errors import CkptError, Code, LimitExceeded, SourceError
+from ckptguard.core.filemap import finish as finish_regions
 from ckptguard.core.io.source import ByteSource, BytesSource, FileSource, ReadOnce
-from ckptguard.core.regions import finish as finish_regions
 from ckptguard.core.report import FormatName, Report, SourceInfo, WeightsOnly, bound_names, decide_verdict
 from ckptguard.core.sniff import HEAD_BYTES, Sniffed, sniff
 from ckptguard.core.state import Analysis, ScanOptions

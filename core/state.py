@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from ckptguard.core.errors import CkptError, Code, Severity
+from ckptguard.core.filemap import Region, ZipSpans
 from ckptguard.core.limits import DEFAULT_LIMITS, Limits
-from ckptguard.core.regions import Region, ZipSpans
 from ckptguard.core.report import (
     Finding,
     FormatName,
@@ -59,7 +59,7 @@ class Analysis:
     # counted, and `capped_findings` adds one summary per code (a report's size follows the
     # kinds of anomaly, not their count; the verdict keeps the first ones of each severity)
     per_code: dict[tuple[Code, Severity | None], int] = field(default_factory=dict)
-    # the map of the file (core.regions): sections the formats record, a zip's spans
+    # the map of the file (core.filemap): sections the formats record, a zip's spans
     regions: list[Region] = field(default_factory=list)
     zip_spans: ZipSpans | None = None
 

@@ -26,9 +26,9 @@ from typing import Any
 import numpy as np
 
 from ckptguard.core.errors import CkptError, Code, FormatError, LimitExceeded, SourceError
+from ckptguard.core.filemap import add_region
 from ckptguard.core.formats.pyliteral import LiteralError, parse_literal
 from ckptguard.core.io.source import ByteSource, BytesSource, IoStats, check_span
-from ckptguard.core.regions import add_region
 from ckptguard.core.report import TensorEntry, WeightsOnly
 from ckptguard.core.state import Analysis
 from ckptguard.core.zip.checks import check_archive

@@ -8,9 +8,9 @@ users actually ask: would torch's restricted unpickler accept this pickle?
 from __future__ import annotations
 
 from ckptguard.core.errors import Code, LimitExceeded
+from ckptguard.core.filemap import add_region
 from ckptguard.core.io.source import ByteSource
 from ckptguard.core.judge import scan_pickle, set_weights_only
-from ckptguard.core.regions import add_region
 from ckptguard.core.state import Analysis
 
 

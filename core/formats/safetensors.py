@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ckptguard.core.errors import Code, FormatError, LimitExceeded
+from ckptguard.core.filemap import add_region
 from ckptguard.core.io.source import ByteSource
 from ckptguard.core.limits import DEFAULT_LIMITS
-from ckptguard.core.regions import add_region
 from ckptguard.core.report import TensorEntry, WeightsOnly
 from ckptguard.core.state import Analysis
 from ckptguard.core.torch.dtypes import SAFETENSORS_DTYPE

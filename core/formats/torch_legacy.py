@@ -21,6 +21,7 @@ from typing import Any
 
 from ckptguard.core import sniff
 from ckptguard.core.errors import Code, LimitExceeded
+from ckptguard.core.filemap import add_region
 from ckptguard.core.formats import torch_tar
 from ckptguard.core.io.source import ByteSource
 from ckptguard.core.judge import PickleScan, scan_pickle, set_weights_only
@@ -28,7 +29,6 @@ from ckptguard.core.manifest.build import SiteTable, StorageSite, build_manifest
 from ckptguard.core.pickle.renames import torch_map
 from ckptguard.core.pickle.vm import run_vm
 from ckptguard.core.pickle.window import PickleWindow
-from ckptguard.core.regions import add_region
 from ckptguard.core.state import Analysis
 from ckptguard.core.threats.assess import assess
 from ckptguard.core.torch.rules import storage_itemsize

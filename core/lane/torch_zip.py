@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from ckptguard.core.errors import Code, Decline
+from ckptguard.core.filemap import ZipSpans
 from ckptguard.core.formats.torch_zip import (
     KNOWN_RECORDS,
     META_RECORDS,
@@ -57,7 +58,6 @@ from ckptguard.core.pickle.fast.column_stubs import (
 )
 from ckptguard.core.pickle.fast.tokenize import CheckedDict, CheckedList, Tokens
 from ckptguard.core.pickle.vm import VmResult
-from ckptguard.core.regions import ZipSpans
 from ckptguard.core.report import StorageEntry, TensorEntry, join_name
 from ckptguard.core.state import Analysis
 from ckptguard.core.threats.assess import assess
@@ -104,7 +104,7 @@ class _Result:
     tensors: list[TensorEntry]
     storages: list[StorageEntry]
     entries: int               # zip entries (all local headers were read)
-    spans: ZipSpans            # the map of the file (core.regions)
+    spans: ZipSpans            # the map of the file (core.filemap)
 
     def commit(self, an: Analysis) -> None:
         toks = self.tokens

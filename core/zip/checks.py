@@ -75,7 +75,7 @@ class _Capped:
 
 def check_archive(directory: ZipDirectory, locals_: Mapping[int, LocalHeader], an: Analysis) -> None:
     """Add every zip-level anomaly of `directory` (and the given local headers) to `an`."""
-    an.zip_spans = zip_spans_of(directory, locals_)   # the map of the file (core.regions)
+    an.zip_spans = zip_spans_of(directory, locals_)   # the map of the file (core.filemap)
     out = _Capped(an)
     _check_names(directory, out)
     _check_entries(directory, locals_, out)

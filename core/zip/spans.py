@@ -1,10 +1,10 @@
-"""ZipSpans (core.regions) of an archive the general path parsed: the map's view of it."""
+"""ZipSpans (core.filemap) of an archive the general path parsed: the map's view of it."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
-from ckptguard.core.regions import ZipSpans
+from ckptguard.core.filemap import ZipSpans
 from ckptguard.core.zip.directory import LocalHeader, ZipDirectory
 from ckptguard.core.zip.layout import FLAG_DESCRIPTOR, LOCAL_SIZE
 from ckptguard.core.zip.offsets import descriptor_size

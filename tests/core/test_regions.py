@@ -1,4 +1,4 @@
-"""The map of a file (core/regions.py): `Report.regions` and `findings[].length`.
+"""The map of a file (core/filemap.py): `Report.regions` and `findings[].length`.
 
 Every engine draws the same map (tests/agreement compares whole reports; here with a
 small `max_regions` too, so the merged runs agree), the regions of a clean archive tile
