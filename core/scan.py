@@ -100,7 +100,7 @@ def _report(an: Analysis, source: ByteSource, info: SourceInfo, started: float) 
                "characters: each keeps a prefix, then '...#sha256:' and the digest of the whole name")
     an.capped_findings()
     regions, omitted, findings = finish_regions(
-        an.regions, an.zip_spans, an.findings, file_size=source.size,
+        an.map_regions, an.zip_spans, an.findings, file_size=source.size,
         storage_records={s.record for s in an.storages if s.record is not None},
         max_regions=an.options.limits.max_regions)
     an.findings = findings

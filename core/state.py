@@ -60,7 +60,7 @@ class Analysis:
     # kinds of anomaly, not their count; the verdict keeps the first ones of each severity)
     per_code: dict[tuple[Code, Severity | None], int] = field(default_factory=dict)
     # the map of the file (core.filemap): sections the formats record, a zip's spans
-    regions: list[Region] = field(default_factory=list)
+    map_regions: list[Region] = field(default_factory=list)
     zip_spans: ZipSpans | None = None
 
     def add(self, code: Code, message: str, *, record: str | None = None,

@@ -189,7 +189,7 @@ def analyze_array(source: ByteSource, an: Analysis, *, name: str, record: str | 
         return False
     size = source.size
     if record is None:   # a whole .npy file (an .npz member is on the archive's map)
-        add_region(an.regions, "header", ".npy header", 0, min(header.data_pos, size))
+        add_region(an.map_regions, "header", ".npy header", 0, min(header.data_pos, size))
     # np.load's first use of the shape, before the dtype check: multiply.reduce(shape,
     # dtype=int64) converts every dimension (the message never shows them: 4000-digit ints)
     if any(not -2**63 <= d <= 2**64 - 1 for d in header.shape):
@@ -202,7 +202,7 @@ def analyze_array(source: ByteSource, an: Analysis, *, name: str, record: str | 
                offset=abs_(header.data_pos))
         _scan_object_pickle(source, an, header, record=record, base=base)
         if record is None:
-            add_region(an.regions, "pickle", f"{name} (object array)", header.data_pos,
+            add_region(an.map_regions, "pickle", f"{name} (object array)", header.data_pos,
                        size - header.data_pos)
         return False
     refusal = _numpy_refusal(header.shape, header.dtype.itemsize)
@@ -226,7 +226,7 @@ def analyze_array(source: ByteSource, an: Analysis, *, name: str, record: str | 
     if len(an.tensors) >= an.options.limits.max_tensors:
         raise LimitExceeded(Code.LIMIT_TENSORS, f"more than {an.options.limits.max_tensors} arrays")
     if record is None:
-        add_region(an.regions, "tensor_data", name, header.data_pos, nbytes)
+        add_region(an.map_regions, "tensor_data", name, header.data_pos, nbytes)
     an.tensors.append(TensorEntry(
         name=name, path=[name], dtype=torch_dtype_name(header.dtype),
         shape=list(header.shape), stride=_strides(header.shape, header.fortran_order),

@@ -23,9 +23,9 @@ def analyze(source: ByteSource, an: Analysis) -> None:
     scan = scan_pickle(data, an, record=None, base_offset=0)
     # no STOP: the whole file is what pickle.load would read
     end = scan.end if scan.vm.complete else source.size
-    add_region(an.regions, "pickle", "pickle", 0, end)
+    add_region(an.map_regions, "pickle", "pickle", 0, end)
     trailing = next((f.offset for f in an.findings if f.code is Code.PICKLE_TRAILING_DATA
                      and f.record is None and f.offset is not None), source.size)
-    add_region(an.regions, "pickle", "pickles after STOP", end, trailing - end)
+    add_region(an.map_regions, "pickle", "pickles after STOP", end, trailing - end)
     set_weights_only(an, scan.weights_only.error, None if scan.fast else data,
                      calls=scan.vm.calls)

@@ -93,8 +93,8 @@ def analyze(source: ByteSource, an: Analysis) -> None:
         an.add(Code.ST_DUPLICATE_NAME, f"tensor name {name!r} appears more than once; "
                "the library keeps the last one, other readers may keep the first", offset=8)
     base = 8 + header.header_len
-    add_region(an.regions, "header", "safetensors header", 0, min(base, size))
-    add_region(an.regions, "tensor_data", "data buffer", base, size - base)
+    add_region(an.map_regions, "header", "safetensors header", 0, min(base, size))
+    add_region(an.map_regions, "tensor_data", "data buffer", base, size - base)
     for t in header.tensors:
         # no entry without a byte size or with offsets past int64: validate() said why
         if _numel(t.shape) is None or base + max(t.begin, t.end) > INT64_MAX:

@@ -106,7 +106,7 @@ class _Stream:
                        offset=pos)
                 break
             end = window.pickle_end(pos, an)
-            add_region(an.regions, "pickle", f"{what} pickle", pos, (end or self.source.size) - pos)
+            add_region(an.map_regions, "pickle", f"{what} pickle", pos, (end or self.source.size) - pos)
             scan = scan_pickle(window.buf, an, record=None, base_offset=0, legacy=True, start=pos,
                                check_trailing=False)
             scans.append(scan)
@@ -124,7 +124,7 @@ class _Stream:
                 sites = self.locate(keys, blocks, pos) if keys is not None else {}
             build_manifest(main.root, SiteTable(sites), an)
             for site_key, site in sites.items():
-                add_region(an.regions, "tensor_data", f"storage {site_key}", site.data_offset,
+                add_region(an.map_regions, "tensor_data", f"storage {site_key}", site.data_offset,
                            site.record_nbytes or 0)
         self.finish([c for scan in scans for c in scan.vm.calls])
 
