@@ -40,7 +40,7 @@ _U, _X, _S, _N = Effect.UNSAFE, Effect.INVALID, Effect.SUSPICIOUS, Effect.NONE
 
 
 class Code(StrEnum):
-    """Stable finding/error codes. Layer prefix: SOURCE_ ZIP_ PICKLE_ TORCH_ ST_ NPY_ PT2_ LIMIT_."""
+    """Stable finding/error codes. Layer prefix: SOURCE_ ZIP_ PICKLE_ TORCH_ ST_ NPY_ PT2_ REGION_ LIMIT_."""
 
     severity: Severity
     effect: Effect
@@ -199,6 +199,17 @@ class Code(StrEnum):
                       "a symbolic expression torch.export.load would pass to sympy.sympify")
     PT2_SYMPY_EVAL = ("PT2_SYMPY_EVAL", _C, _U,
                       "an expr_str that runs code when sympy.sympify evaluates it")
+
+    # --- regions: bytes torch does not read, but another reader would (core.regions) ---------
+    REGION_PAYLOAD = ("REGION_PAYLOAD", _C, _U,
+                      "bytes torch skips (appended, prepended, a gap, an unreferenced, refused or "
+                      "extra member) hold a pickle with a dangerous global or call: a payload "
+                      "that another reader would run")
+    REGION_PICKLE = ("REGION_PICKLE", _M, _S,
+                     "bytes torch skips hold a pickle that imports globals (none known dangerous)")
+    REGION_UNJUDGED = ("REGION_UNJUDGED", _M, _S,
+                       "a region torch skips was left unjudged: the scan's region budget ran out "
+                       "or its pickle runs past the scanner's limits")
 
     # --- limits and the sandbox ------------------------------------------------------------
     LIMIT_OPCODES = "LIMIT_OPCODES", _H, _X, "too many pickle opcodes"

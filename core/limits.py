@@ -63,6 +63,14 @@ class Limits:
     max_pt2_expr_chars: int = 4096              # one symbolic expression (sympy would eval it)
     max_pt2_graph_depth: int = 32               # nested higher-order subgraphs
     max_pt2_violations: int = 200               # verifier violations listed per model
+    # Regions torch skips (appended/prepended bytes, gaps, unreferenced or refused records,
+    # extra members) are sniffed and, when pickle-like, judged (core.regions). One budget per
+    # scan: past it a region is REGION_UNJUDGED (suspicious), never read whole.
+    max_region_bytes: int = 64 * 1024 * 1024     # bytes all regions of one scan may read
+    max_regions: int = 4096                     # regions judged per scan (sniffed, at least)
+    max_region_depth: int = 2                   # a zip in a region in a zip in a region
+    region_sniff_bytes: int = 4096              # first read of a region: decides what it is
+    max_region_findings: int = 8                # REGION_UNJUDGED listed one by one, then a summary
     # Findings: past these a report lists one summary per code instead of every repeat, so
     # its size follows the anomalies' kinds, not their count.
     max_zip_findings_per_code: int = 50         # zip forensics

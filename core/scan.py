@@ -124,7 +124,15 @@ def _analyze(source: ByteSource, an: Analysis) -> None:
     else:
         head, tail = source.read_many([(0, head_n), (size - tail_n, tail_n)])
     kind = sniff(head, tail, size)
-    _dispatch(source, kind, an)
+    try:
+        _dispatch(source, kind, an)
+    except SourceError:
+        raise
+    except CkptError as exc:   # the layer stopped; the regions it declared are still judged
+        an.add_error(exc)
+    from ckptguard.core.regions import judge_regions
+
+    judge_regions(source, an)
 
 
 def _dispatch(source: ByteSource, kind: Sniffed, an: Analysis) -> None:
@@ -206,6 +214,8 @@ def _analyze_polyglot_zip(source: ByteSource, an: Analysis) -> None:
     an.add(Code.ZIP_PREPENDED_DATA, f"a {len(directory.entries)}-entry zip archive is "
            f"appended to this {an.format} file (polyglot)", offset=directory.cd_offset)
     torch_zip.check_generic_zip(source, directory, an)
+    # the bytes before the archive are this file itself, judged as its format from byte 0
+    an.regions = [r for r in an.regions if r.kind != "prefix"]
 
 
 def _analyze_zip(source: ByteSource, an: Analysis, kind: Sniffed) -> None:

@@ -65,15 +65,22 @@ def sniff(head: bytes, tail: bytes, size: int) -> Sniffed:
         return Sniffed("torch-legacy", zip_at_tail)
     if _looks_like_safetensors(head, size):
         return Sniffed("safetensors", zip_at_tail)
-    if head[:1] == b"\x80" and len(head) > 1 and head[1] <= 5:
-        return Sniffed("pickle", zip_at_tail, f"protocol {head[1]}")
-    if head[:1] and head[0] in _PICKLE_FIRST_OPS:
-        return Sniffed("pickle", zip_at_tail, "no PROTO: protocol 0/1 or not a pickle")
+    if looks_like_pickle(head):
+        return Sniffed("pickle", zip_at_tail, f"protocol {head[1]}" if head[:1] == b"\x80"
+                       else "no PROTO: protocol 0/1 or not a pickle")
     if zip_at_tail:
         # a zip whose first record is not at offset 0 (prepended data): torch would take
         # the legacy path and fail; zip readers would see an archive.
         return Sniffed("zip", True, "prepended data before the first record")
     return Sniffed("unknown", zip_at_tail)
+
+
+def looks_like_pickle(head: bytes) -> bool:
+    """Would `pickle.load` start running these bytes? PROTO 0-5, or an opcode a pickle
+    without PROTO can start with. A cheap first test: the VM decides what the bytes do."""
+    if head[:1] == b"\x80":
+        return len(head) > 1 and head[1] <= 5
+    return bool(head[:1]) and head[0] in _PICKLE_FIRST_OPS
 
 
 def _looks_like_safetensors(head: bytes, size: int) -> bool:

@@ -19,6 +19,7 @@ from ckptguard.core.io.source import ByteSource
 from ckptguard.core.judge import scan_pickle, set_weights_only
 from ckptguard.core.manifest.build import SiteTable, StorageSite, build_manifest
 from ckptguard.core.pickle.renames import torch_map
+from ckptguard.core.regions import RegionKind, declare_entry
 from ckptguard.core.state import Analysis
 from ckptguard.core.torch.rules import storage_itemsize
 from ckptguard.core.torch.weights_only import TorchError
@@ -147,11 +148,15 @@ def check_generic_zip(source: ByteSource, directory: ZipDirectory, an: Analysis)
     cheap = getattr(source, "random_access_cheap", True)
     locals_ = read_local_headers(source, directory.entries if cheap else [])
     check_archive(directory, locals_, an)
-    for ent in directory.entries[:64]:
+    for i, ent in enumerate(directory.entries):
         small = ent.uncompressed_size <= an.options.limits.max_pickle_bytes
-        if ent.name.endswith((".pkl", ".pickle")) and small:
+        if i < 64 and ent.name.endswith((".pkl", ".pickle")) and small \
+                and directory.by_name.get(ent.name) is ent and ent.method in (0, 8) \
+                and not ent.flags & 0x2041:
             scan_pickle(read_record(source, directory, ent.name, locals_=locals_), an,
                         record=ent.name, base_offset=0)
+        else:   # any member may be what a custom loader unpickles: sniffed, judged if a pickle
+            _declare_member(an, "zip member", ent)
 
 
 def storages_in_order(persids: Iterable[PersId]) -> list[tuple[str, int]]:
@@ -185,6 +190,9 @@ def _container_error(directory: ZipDirectory, prefix: str, meta: Mapping[str, by
     if source.read_at(0, 4) != b"PK\x03\x04":
         return TorchError("UnpicklingError", "torch.load does not read this as a zip: the first "
                           "bytes are not a zip local header (it takes the legacy path)")
+    if directory.shift:   # miniz takes the offsets as written: no record is where they say
+        return TorchError("RuntimeError", "PytorchStreamReader failed reading zip archive: "
+                          "invalid header or archive is corrupted" + _MINIZ_HINT)
     version = version_error(meta)
     if version is not None:
         return version
@@ -299,11 +307,24 @@ def _storage_sites(source: ByteSource, directory: ZipDirectory, prefix: str,
 
 
 def _flag_unreferenced(directory: ZipDirectory, prefix: str, keys: set[str], an: Analysis) -> None:
+    """Records torch never reads: reported, and their content judged (core.regions)."""
     for ent in directory.entries:
+        if directory.by_name.get(ent.name) is not ent:   # a duplicate name torch does not pick
+            _declare_member(an, "shadowed entry", ent)
+            continue
         rel = ent.name[len(prefix) + 1:] if ent.name.startswith(prefix + "/") else None
-        if rel is None or rel in KNOWN_RECORDS:
+        if rel is None:
+            _declare_member(an, "outside-prefix entry", ent)
+            continue
+        if rel in KNOWN_RECORDS:
             continue
         if rel.startswith("data/") and rel[5:] in keys:
             continue
         an.add(Code.TORCH_UNREFERENCED_RECORD, f"record {ent.name!r} is not referenced by the pickle",
                record=ent.name, offset=ent.header_offset)
+        _declare_member(an, "unreferenced record", ent)
+
+
+def _declare_member(an: Analysis, kind: RegionKind, ent: ZipEntry) -> None:
+    declare_entry(an, kind, header_offset=ent.header_offset, compressed_size=ent.compressed_size,
+                  method=ent.method, record=ent.name)

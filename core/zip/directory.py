@@ -61,6 +61,7 @@ from ckptguard.core.zip.layout import (
     ZIP64_LOCATOR_STRUCT,
 )
 
+CENTRAL_SIG_BYTES = b"PK\x01\x02"
 LOCAL_SLACK = 256   # torch's FB pad < alignment (64) + zip64 field: one read usually suffices
 
 
@@ -137,6 +138,9 @@ class ZipDirectory:
     comment: bytes
     zip64_eocd_offset: int | None = None
     folded: dict[bytes, ZipEntry] = field(default_factory=dict)   # lower-cased name -> torch's pick
+    # bytes prepended that the directory's offsets do not count: zipfile adds them to every
+    # offset (entries here are shifted already), torch's miniz does not and fails
+    shift: int = 0
 
     def find(self, name: str) -> ZipEntry | None:
         """The entry torch reads for `name`: miniz matches names case-insensitively (ASCII)."""
@@ -274,12 +278,22 @@ def read_directory(source: ByteSource, limits: Limits = DEFAULT_LIMITS) -> ZipDi
         raise _fmt_err(Code.ZIP_BAD_EOCD, f"central directory [{cd_offset}, {cd_offset + cd_size}) "
                        f"overruns the end records at {end_of_cd}", eocd_offset)
     cd = source.read_at(cd_offset, cd_size) if cd_size else b""
+    shift = 0
+    if cd_size and cd[:4] != CENTRAL_SIG_BYTES and cd_offset + cd_size < end_of_cd:
+        # Python's zipfile (and many tools) find the directory right before its end records
+        # and add the difference to every offset: bytes prepended to an archive whose
+        # offsets do not count them. miniz does not (torch refuses the file); read the
+        # archive as those readers do, and let the checks report the prefix.
+        actual = end_of_cd - cd_size
+        moved = source.read_at(actual, cd_size)
+        if moved[:4] == CENTRAL_SIG_BYTES:
+            cd, shift, cd_offset = moved, actual - cd_offset, actual
     # 100k GC-tracked entries trigger many useless collections (nothing here forms cycles):
     # pausing the collector halves the parse time (measured 334 -> 164 ms for 100k entries).
     gc_was_enabled = gc.isenabled()
     gc.disable()
     try:
-        entries = parse_central_directory(cd, cd_offset, n_total, size, disk)
+        entries = parse_central_directory(cd, cd_offset, n_total, size, disk, shift)
         by_name, folded = torch_names(entries)
     finally:
         if gc_was_enabled:
@@ -287,7 +301,7 @@ def read_directory(source: ByteSource, limits: Limits = DEFAULT_LIMITS) -> ZipDi
     return ZipDirectory(size=size, entries=entries, by_name=by_name, folded=folded,
                         cd_offset=cd_offset, cd_size=cd_size, eocd_offset=eocd_offset,
                         archive_end=archive_end, zip64=zip64, comment=comment,
-                        zip64_eocd_offset=z64_offset)
+                        zip64_eocd_offset=z64_offset, shift=shift)
 
 
 def decode_name(raw: bytes, flags: int) -> str:
@@ -327,8 +341,9 @@ def _zip64_extra(extra: bytes, want: Sequence[bool], where: int) -> list[int]:
 
 
 def parse_central_directory(cd: bytes, cd_offset: int, count: int, file_size: int,
-                            this_disk: int = 0) -> list[ZipEntry]:
-    """`count` central records from the buffer `cd` that starts at file offset `cd_offset`."""
+                            this_disk: int = 0, shift: int = 0) -> list[ZipEntry]:
+    """`count` central records from the buffer `cd` that starts at file offset `cd_offset`;
+    `shift` is added to every header offset (bytes prepended that the offsets do not count)."""
     unpack = CENTRAL_STRUCT.unpack_from
     entries: list[ZipEntry] = []
     append = entries.append
@@ -364,6 +379,7 @@ def parse_central_directory(cd: bytes, cd_offset: int, count: int, file_size: in
             raise _fmt_err(Code.ZIP_BAD_CENTRAL_DIR,
                            f"central record {index}: compressed size {csize} vs size {usize}",
                            cd_offset + pos)
+        hoff += shift
         if hoff + LOCAL_SIZE + csize > file_size:
             raise _fmt_err(Code.ZIP_BAD_CENTRAL_DIR,
                            f"central record {index}: record at {hoff} ({csize} bytes) past the end",
