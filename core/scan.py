@@ -130,7 +130,7 @@ def _analyze(source: ByteSource, an: Analysis) -> None:
         raise
     except CkptError as exc:   # the layer stopped; the regions it declared are still judged
         an.add_error(exc)
-    from ckptguard.core.regions import judge_regions
+    from ckptguard.core.regions.judge import judge_regions
 
     judge_regions(source, an)
 

@@ -24,7 +24,7 @@ from ckptguard.core.report import (
 )
 
 if TYPE_CHECKING:
-    from ckptguard.core.regions import Region
+    from ckptguard.core.regions.region import Region
 
 # Which engines may decide. Every engine gives the same report (tests/agreement proves it on
 # every generated corpus); they differ only in speed:

@@ -27,7 +27,7 @@ import numpy as np
 from ckptguard.core.errors import CkptError, Code, FormatError, LimitExceeded, SourceError
 from ckptguard.core.formats.pyliteral import LiteralError, parse_literal
 from ckptguard.core.io.source import ByteSource, BytesSource, WindowSource
-from ckptguard.core.regions import declare_entry
+from ckptguard.core.regions.region import declare_entry
 from ckptguard.core.report import TensorEntry, WeightsOnly
 from ckptguard.core.state import Analysis
 from ckptguard.core.zip.checks import check_archive
@@ -96,7 +96,7 @@ def analyze_zip(source: ByteSource, directory: ZipDirectory, an: Analysis) -> No
                 # np.load hands such members back as raw bytes: not an array
                 an.add(Code.NPY_BAD_HEADER, f"npz member {name} is not a .npy array", record=name,
                        offset=base)
-                declare_entry(an, "npz member", header_offset=entry.header_offset,
+                declare_entry(an.regions, "npz member", header_offset=entry.header_offset,
                               compressed_size=entry.compressed_size, method=entry.method,
                               record=name)
                 loadable = False

@@ -20,7 +20,7 @@ from ckptguard.core.io.source import ByteSource
 from ckptguard.core.judge import scan_pickle
 from ckptguard.core.pickle.renames import torch_map
 from ckptguard.core.pickle.window import PickleWindow
-from ckptguard.core.regions import declare
+from ckptguard.core.regions.region import declare
 from ckptguard.core.report import WeightsOnly
 from ckptguard.core.sniff import TAR_BLOCK as BLOCK
 from ckptguard.core.sniff import tar_number as _nti
@@ -103,7 +103,7 @@ def analyze_tar(source: ByteSource, an: Analysis) -> None:
         if member.type not in (b"0", b"\0", b"7"):
             continue
         if base not in ("pickle", "storages", "tensors"):   # sys_info and any extra file
-            declare(an, "tar member", member.data_offset, member.size, record=member.name)
+            declare(an.regions, "tar member", member.data_offset, member.size, record=member.name)
             continue
         if base == "pickle":
             _scan_pickle_at(source, an, member, 0)

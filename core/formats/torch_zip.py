@@ -19,7 +19,7 @@ from ckptguard.core.io.source import ByteSource
 from ckptguard.core.judge import scan_pickle, set_weights_only
 from ckptguard.core.manifest.build import SiteTable, StorageSite, build_manifest
 from ckptguard.core.pickle.renames import torch_map
-from ckptguard.core.regions import RegionKind, declare_entry
+from ckptguard.core.regions.region import RegionKind, declare_entry
 from ckptguard.core.state import Analysis
 from ckptguard.core.torch.rules import storage_itemsize
 from ckptguard.core.torch.weights_only import TorchError
@@ -326,5 +326,5 @@ def _flag_unreferenced(directory: ZipDirectory, prefix: str, keys: set[str], an:
 
 
 def _declare_member(an: Analysis, kind: RegionKind, ent: ZipEntry) -> None:
-    declare_entry(an, kind, header_offset=ent.header_offset, compressed_size=ent.compressed_size,
+    declare_entry(an.regions, kind, header_offset=ent.header_offset, compressed_size=ent.compressed_size,
                   method=ent.method, record=ent.name)

@@ -1,6 +1,6 @@
 """Regions: bytes torch does not read but another reader would, judged by their content.
 
-Strategy: the format modules only *declare* a region (`declare`, `declare_entry`) where they
+Strategy: the format modules only *declare* a region (core.regions.region) where they
 already report its position (ZIP_APPENDED_DATA, TORCH_UNREFERENCED_RECORD, an encrypted
 entry, an extra tar member, ...). At the end of the scan `judge_regions` reads each region's
 first bytes (`Limits.region_sniff_bytes`, one batched read per wave) and reads on only where
@@ -22,50 +22,16 @@ from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass, replace
-from typing import Literal
 
 from ckptguard.core.errors import CkptError, Code, Effect, LimitExceeded, SourceError
 from ckptguard.core.io.source import ByteSource, BytesSource, WindowSource
 from ckptguard.core.limits import Limits
 from ckptguard.core.pickle.vm import DOTTED_NAME, GlobalUse, VmResult, run_vm
+from ckptguard.core.regions.region import Region
 from ckptguard.core.sniff import ZIP_LOCAL_MAGIC, looks_like_pickle
 from ckptguard.core.state import Analysis
 from ckptguard.core.threats.assess import assess, classify_global
-
-RegionKind = Literal["prefix", "appended", "gap", "unreferenced record", "refused entry",
-                     "shadowed entry", "outside-prefix entry", "zip member", "npz member",
-                     "tar member", "local record"]
-
-_LOCAL_FIXED = 30          # a zip local header before its name and extra field
-
-
-@dataclass(frozen=True, slots=True)
-class Region:
-    """A byte range torch skips. `offset` is its first byte, or its zip local header's."""
-
-    kind: RegionKind
-    offset: int
-    nbytes: int                   # bytes as stored (a zip entry's compressed size)
-    record: str | None = None     # the archive member, when it is one
-    deflated: bool = False        # a raw deflate stream (zip method 8): inflated to judge
-    local_header: bool = False    # `offset` is a zip local header; the bytes follow it
-    depth: int = 0                # 1 for a member of a zip found inside a region, ...
-
-
-def declare(an: Analysis, kind: RegionKind, offset: int, nbytes: int, *,
-            record: str | None = None) -> None:
-    """Queue the raw bytes [offset, offset + nbytes) for judging at the end of the scan."""
-    if nbytes > 0:
-        an.regions.append(Region(kind, offset, nbytes, record))
-
-
-def declare_entry(an: Analysis, kind: RegionKind, *, header_offset: int, compressed_size: int,
-                  method: int, record: str) -> None:
-    """Queue a zip entry's bytes as a reader that ignores its flags and method sees them:
-    deflated bytes inflated, any other method (and an encrypted flag) read as stored."""
-    if compressed_size > 0:
-        an.regions.append(Region(kind, header_offset, compressed_size, record,
-                                 deflated=method == 8, local_header=True))
+from ckptguard.core.zip.layout import FLAG_DESCRIPTOR, LOCAL_SIZE
 
 
 @dataclass(slots=True)
@@ -100,7 +66,6 @@ def judge_regions(source: ByteSource, an: Analysis) -> None:
     an.regions = []
     seen: set[tuple[int, int, int, bool]] = set()
     unjudged: list[_Unjudged] = []
-    judged = 0
     while wave:
         batch: list[tuple[ByteSource, Region]] = []
         for src, region in wave:
@@ -113,11 +78,10 @@ def judge_regions(source: ByteSource, an: Analysis) -> None:
                 continue
             budget.regions_left -= 1
             batch.append((src, region))
-        judged += len(batch)
         wave = []
         for src, group in _by_source(batch):
             wave += _judge_batch(src, group, an, budget, unjudged)
-    an.io["regions"] = judged + sum(1 for u in unjudged if u.reason.startswith("Limits.max_regions"))
+    an.io["regions"] = len(seen)                 # every distinct region met, nested ones too
     an.io["regions_unjudged"] = len(unjudged)
     an.io["region_bytes_read"] = budget.spent
     _report_unjudged(an, unjudged, limits)
@@ -164,12 +128,12 @@ def _locate(source: ByteSource, regions: list[Region], budget: _Budget,
     """(region, offset of its bytes, their count) — a zip entry's bytes follow its local
     header, whose fixed part says how long its name and extra field are."""
     out: list[tuple[Region, int, int]] = []
-    headers = [r for r in regions if r.local_header and r.offset + _LOCAL_FIXED <= source.size]
-    paid = [r for r in headers if budget.pay(_LOCAL_FIXED)]
+    headers = [r for r in regions if r.local_header and r.offset + LOCAL_SIZE <= source.size]
+    paid = [r for r in headers if budget.pay(LOCAL_SIZE)]
     for r in headers[len(paid):]:
         unjudged.append(_Unjudged(r, f"Limits.max_region_bytes = {budget.spent + budget.bytes_left}"))
     fixed = dict(zip((id(r) for r in paid),
-                     source.read_many([(r.offset, _LOCAL_FIXED) for r in paid]) if paid else [],
+                     source.read_many([(r.offset, LOCAL_SIZE) for r in paid]) if paid else [],
                      strict=True))
     for region in regions:
         start = region.offset
@@ -177,7 +141,7 @@ def _locate(source: ByteSource, regions: list[Region], budget: _Budget,
             raw = fixed.get(id(region))
             if raw is None or not raw.startswith(ZIP_LOCAL_MAGIC):
                 continue   # no local header there: the zip checks already say so
-            start += _LOCAL_FIXED + int.from_bytes(raw[26:28], "little") \
+            start += LOCAL_SIZE + int.from_bytes(raw[26:28], "little") \
                 + int.from_bytes(raw[28:30], "little")
         nbytes = min(region.nbytes, source.size - start)
         if nbytes > 0:
@@ -334,15 +298,15 @@ def _local_record(source: ByteSource, region: Region, start: int, nbytes: int,
     """A local record no central entry lists (smuggled before or between records): streaming
     readers (Java's ZipInputStream, stream-unzip, `unzip` recovering) walk local headers
     and read it, so its data is a region one level deeper."""
-    if region.deflated or len(head) < _LOCAL_FIXED:
+    if region.deflated or len(head) < LOCAL_SIZE:
         return []
     flags, method = int.from_bytes(head[6:8], "little"), int.from_bytes(head[8:10], "little")
     csize = int.from_bytes(head[18:22], "little")
     n, m = int.from_bytes(head[26:28], "little"), int.from_bytes(head[28:30], "little")
-    room = nbytes - _LOCAL_FIXED - n - m
-    if flags & 0x0008 or csize > room:   # sizes deferred to a data descriptor: up to the end
+    room = nbytes - LOCAL_SIZE - n - m
+    if flags & FLAG_DESCRIPTOR or csize > room:   # sizes deferred to a data descriptor: up to the end
         csize = room
-    name = head[_LOCAL_FIXED:_LOCAL_FIXED + n].decode("utf-8", "replace")
+    name = head[LOCAL_SIZE:LOCAL_SIZE + n].decode("utf-8", "replace")
     return [(source, Region("local record", start, csize, name or None, deflated=method == 8,
                             local_header=True, depth=region.depth + 1))]
 
