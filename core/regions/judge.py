@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 from ckptguard.core.errors import CkptError, Code, Effect, LimitExceeded, SourceError
 from ckptguard.core.io.source import ByteSource, BytesSource, WindowSource
@@ -50,8 +51,7 @@ class _Budget:
         return True
 
 
-@dataclass(slots=True)
-class _Unjudged:
+class _Unjudged(NamedTuple):
     region: Region
     reason: str
 
@@ -66,6 +66,7 @@ def judge_regions(source: ByteSource, an: Analysis) -> None:
     an.regions = []
     seen: set[tuple[int, int, int, bool]] = set()
     unjudged: list[_Unjudged] = []
+    too_many = f"Limits.max_regions = {limits.max_regions}"
     while wave:
         batch: list[tuple[ByteSource, Region]] = []
         for src, region in wave:
@@ -74,7 +75,7 @@ def judge_regions(source: ByteSource, an: Analysis) -> None:
                 continue
             seen.add(key)
             if budget.regions_left <= 0:
-                unjudged.append(_Unjudged(region, f"Limits.max_regions = {limits.max_regions}"))
+                unjudged.append(_Unjudged(region, too_many))
                 continue
             budget.regions_left -= 1
             batch.append((src, region))

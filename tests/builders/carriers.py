@@ -10,11 +10,13 @@ region kind (core.regions.RegionKind) the scan must name.
 from __future__ import annotations
 
 import io
+import pickle
 import struct
 import tarfile
 import zipfile
 import zlib
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 
@@ -162,6 +164,22 @@ def tar_sys_info(payload: bytes) -> bytes:
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
     return buf.getvalue()
+
+
+def huge_gap(path: Path, gap_head: bytes, gap_size: int = 1 << 30) -> None:
+    """A clean archive with a `gap_size`-byte gap before its central directory that starts
+    with `gap_head` (sparse: a 1 GB region costs no disk). An appended region cannot be this
+    large: zip readers look for the end record in the last 64 KiB only."""
+    data = build_zip([Member(f"{PREFIX}/data.pkl", pickle.dumps({"lr": 0.1}, protocol=2)),
+                      Member(f"{PREFIX}/version", b"3\n")])
+    eocd = data.rindex(b"PK\x05\x06")
+    cd_offset = int.from_bytes(data[eocd + 16:eocd + 20], "little")
+    tail = bytearray(data[cd_offset:])
+    tail[eocd - cd_offset + 16:eocd - cd_offset + 20] = (cd_offset + gap_size).to_bytes(4, "little")
+    with path.open("wb") as f:
+        f.write(data[:cd_offset] + gap_head)
+        f.seek(cd_offset + gap_size)
+        f.write(tail)
 
 
 # name -> (builder, region kind the finding names; None: judged as the file's own content)

@@ -27,6 +27,7 @@ from tests.builders.carriers import (
     appended,
     clean_archive,
     gap_between_records,
+    huge_gap,
     junk_prefix_unadjusted,
     prepended_local_record,
     unreferenced_record,
@@ -169,26 +170,11 @@ def test_a_local_record_before_the_archive_loads_in_torch_yet_is_judged(tmp_path
 
 # -- one budget per scan ----------------------------------------------------------------------
 
-def _huge_gap(path: Path, gap_head: bytes, gap_size: int = 1 << 30) -> None:
-    """A clean archive with a `gap_size`-byte gap before its central directory that starts
-    with `gap_head` (sparse: a 1 GB region costs no disk). An appended region cannot be this
-    large: zip readers look for the end record in the last 64 KiB only."""
-    data = build_zip([Member(f"{PREFIX}/data.pkl", HARMLESS), Member(f"{PREFIX}/version", b"3\n")])
-    eocd = data.rindex(b"PK\x05\x06")
-    cd_offset = int.from_bytes(data[eocd + 16:eocd + 20], "little")
-    tail = bytearray(data[cd_offset:])
-    tail[eocd - cd_offset + 16:eocd - cd_offset + 20] = (cd_offset + gap_size).to_bytes(4, "little")
-    with path.open("wb") as f:
-        f.write(data[:cd_offset] + gap_head)
-        f.seek(cd_offset + gap_size)
-        f.write(tail)
-
-
 def test_a_huge_pickle_like_region_is_not_read_whole(tmp_path: Path) -> None:
     """A 1 GB region that starts like a pickle whose string never ends: the window grows
     only to the budget, then the region is REGION_UNJUDGED (suspicious, not invalid)."""
     path = tmp_path / "big.pt"
-    _huge_gap(path, asm(("PROTO", 2), ("RAW", b"X" + (100 << 20).to_bytes(4, "little"))))
+    huge_gap(path, asm(("PROTO", 2), ("RAW", b"X" + (100 << 20).to_bytes(4, "little"))))
     limits = dataclasses.replace(DEFAULT_LIMITS, max_region_bytes=1 << 20)
     report = scan_path(path, options=ScanOptions(limits=limits))
     assert report.verdict == "suspicious", report.findings
@@ -199,7 +185,7 @@ def test_a_huge_pickle_like_region_is_not_read_whole(tmp_path: Path) -> None:
 
 def test_a_huge_region_that_is_no_pickle_costs_one_sniff(tmp_path: Path) -> None:
     path = tmp_path / "big.pt"
-    _huge_gap(path, b"")   # zeros: no opcode is 0x00
+    huge_gap(path, b"")   # zeros: no opcode is 0x00
     report = scan_path(path)
     assert Code.ZIP_UNREFERENCED_DATA in {f.code for f in report.findings}
     assert report.io["region_bytes_read"] == DEFAULT_LIMITS.region_sniff_bytes
