@@ -64,13 +64,15 @@ def judge_regions(source: ByteSource, an: Analysis) -> None:
     budget = _Budget(limits.max_region_bytes, limits.max_regions)
     wave: list[tuple[ByteSource, Region]] = [(source, r) for r in an.regions]
     an.regions = []
-    seen: set[tuple[int, int, int, bool]] = set()
+    # the source itself, not its id(): an inflated inner zip's buffer may be freed and its
+    # id reused by the next one
+    seen: set[tuple[object, int, int, bool]] = set()
     unjudged: list[_Unjudged] = []
     too_many = f"Limits.max_regions = {limits.max_regions}"
     while wave:
         batch: list[tuple[ByteSource, Region]] = []
         for src, region in wave:
-            key = (id(src), region.offset, region.nbytes, region.local_header)
+            key = (src, region.offset, region.nbytes, region.local_header)
             if key in seen:
                 continue
             seen.add(key)
@@ -113,7 +115,7 @@ def _judge_batch(source: ByteSource, regions: list[Region], an: Analysis, budget
     heads = source.read_many(spans) if spans else []
     after: list[tuple[ByteSource, Region]] = []
     for (region, start, nbytes), raw in zip(sniffed, heads, strict=True):
-        content = _Content(source, start, nbytes, region.deflated, raw)
+        content = _Content(source, start, nbytes, region.deflated, raw, limits.region_sniff_bytes)
         head = content.first(limits.region_sniff_bytes)
         if head.startswith(ZIP_LOCAL_MAGIC) and region.depth < limits.max_region_depth:
             members = _zip_members(source, region, start, nbytes, content, an, budget, unjudged)
@@ -155,13 +157,13 @@ class _Content:
     demand so a 1 GB region costs only what its judging needs."""
 
     def __init__(self, source: ByteSource, start: int, nbytes: int, deflated: bool,
-                 first_raw: bytes) -> None:
+                 first_raw: bytes, first: int) -> None:
         self.source, self.start, self.nbytes = source, start, nbytes
         self.read = len(first_raw)
         self.inflater = zlib.decompressobj(-15) if deflated else None
         self.data = b""
         self.broken = False      # a deflate stream that does not inflate: nothing more to see
-        self._feed(first_raw, 1 << 62)
+        self._feed(first_raw, first)   # a deflate bomb inflates no further than asked
 
     @property
     def complete(self) -> bool:

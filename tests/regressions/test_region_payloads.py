@@ -12,6 +12,7 @@ import dataclasses
 import io
 import pickle
 import zipfile
+import zlib
 from pathlib import Path
 
 import pytest
@@ -217,3 +218,19 @@ def test_budget_spent_leaves_the_rest_unjudged_not_invalid() -> None:
     assert report.io["regions_unjudged"] == 1
     assert Code.REGION_UNJUDGED in {f.code for f in report.findings}
     assert report.verdict == "unsafe"   # the region it could pay for holds the payload
+
+
+def test_a_deflate_bomb_region_inflates_only_what_judging_needs() -> None:
+    """A deflated unreferenced record that inflates to 24 MB, starting like a pickle whose
+    string never ends: inflated only up to the budget's window, then REGION_UNJUDGED."""
+    body = asm(("PROTO", 2), ("RAW", b"X" + (20 << 20).to_bytes(4, "little"))) + bytes(24 << 20)
+    compressor = zlib.compressobj(9, zlib.DEFLATED, -15)
+    bomb = compressor.compress(body) + compressor.flush()
+    data = build_zip([Member(f"{PREFIX}/data.pkl", HARMLESS), Member(f"{PREFIX}/version", b"3\n"),
+                      Member(f"{PREFIX}/extra.pkl", body, method=8, payload=bomb)])
+    limits = dataclasses.replace(DEFAULT_LIMITS, max_region_bytes=1 << 20)
+    report = scan_bytes(data, options=ScanOptions(limits=limits))
+    assert report.verdict == "suspicious", report.findings
+    assert report.io["region_bytes_read"] <= len(bomb)
+    assert any(f.code is Code.REGION_UNJUDGED and f.record == f"{PREFIX}/extra.pkl"
+               for f in report.findings)
