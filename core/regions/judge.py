@@ -11,7 +11,8 @@ those bytes could start something a reader runs:
   it. Junk that merely parses (weights, padding) imports nothing and adds nothing; a pickle
   that imports is REGION_PICKLE, one with a dangerous global or call REGION_PAYLOAD;
 * a zip (a region starting with a local header) is opened in place and each member becomes
-  a region one level deeper (`Limits.max_region_depth`).
+  a region one level deeper (`Limits.max_region_depth`); a local record that no directory
+  lists is read as a streaming reader reads it (its data is the next region).
 
 What regions read is counted in `io.region_bytes_read` (part of `io.bytes_read`) and paid
 from one budget per scan (`Limits.max_region_bytes`, `Limits.max_regions`): a region the
@@ -68,7 +69,7 @@ def judge_regions(source: ByteSource, an: Analysis) -> None:
     # id reused by the next one
     seen: set[tuple[object, int, int, bool]] = set()
     unjudged: list[_Unjudged] = []
-    too_many = f"Limits.max_regions = {limits.max_regions}"
+    too_many = f"the region budget ran out (Limits.max_regions = {limits.max_regions})"
     while wave:
         batch: list[tuple[ByteSource, Region]] = []
         for src, region in wave:
@@ -108,7 +109,7 @@ def _judge_batch(source: ByteSource, regions: list[Region], an: Analysis, budget
     for region, start, nbytes in located:
         first = min(nbytes, limits.region_sniff_bytes)
         if not budget.pay(first):
-            unjudged.append(_Unjudged(region, f"Limits.max_region_bytes = {limits.max_region_bytes}"))
+            unjudged.append(_Unjudged(region, "the region budget ran out (Limits.max_region_bytes)"))
             continue
         spans.append((start, first))
         sniffed.append((region, start, nbytes))
@@ -122,7 +123,7 @@ def _judge_batch(source: ByteSource, regions: list[Region], an: Analysis, budget
             after += members if members is not None else _local_record(source, region, start,
                                                                         nbytes, head)
         elif looks_like_pickle(head):
-            _judge_pickle(region, start, content, an, budget, unjudged)
+            after += _judge_pickle(source, region, start, content, an, budget, unjudged)
     return after
 
 
@@ -133,8 +134,8 @@ def _locate(source: ByteSource, regions: list[Region], budget: _Budget,
     out: list[tuple[Region, int, int]] = []
     headers = [r for r in regions if r.local_header and r.offset + LOCAL_SIZE <= source.size]
     paid = [r for r in headers if budget.pay(LOCAL_SIZE)]
-    for r in headers[len(paid):]:
-        unjudged.append(_Unjudged(r, f"Limits.max_region_bytes = {budget.spent + budget.bytes_left}"))
+    for r in headers[len(paid):]:   # every header costs the same: the unpaid ones are the last
+        unjudged.append(_Unjudged(r, "the region budget ran out (Limits.max_region_bytes)"))
     fixed = dict(zip((id(r) for r in paid),
                      source.read_many([(r.offset, LOCAL_SIZE) for r in paid]) if paid else [],
                      strict=True))
@@ -202,10 +203,13 @@ class _Content:
         self.data += more
 
 
-def _judge_pickle(region: Region, start: int, content: _Content, an: Analysis, budget: _Budget,
-                  unjudged: list[_Unjudged]) -> None:
+def _judge_pickle(source: ByteSource, region: Region, start: int, content: _Content,
+                  an: Analysis, budget: _Budget,
+                  unjudged: list[_Unjudged]) -> list[tuple[ByteSource, Region]]:
     """The symbolic VM over the region's pickle, its window grown only while the pickle runs
-    past it; the threat analysis when it imports anything a reader would import."""
+    past it; the threat analysis when it imports anything a reader would import. A real
+    pickle that stops before the region ends leaves the rest as the next region: a reader
+    that calls `pickle.load` again reads on (a harmless pickle first hides nothing)."""
     limits = an.options.limits
     base = start if not region.deflated else 0   # inflated bytes have no file offsets
     cap = min(limits.max_pickle_bytes, limits.max_region_bytes)
@@ -228,6 +232,12 @@ def _judge_pickle(region: Region, start: int, content: _Content, an: Analysis, b
     elif vm.error is not None and vm.error.code.name.startswith("LIMIT_"):
         unjudged.append(_Unjudged(region, f"its pickle runs past the scanner's limits "
                                   f"({vm.error.message})"))
+    rest = content.nbytes - vm.end
+    if vm.complete and rest > 0 and not region.deflated and (
+            vm.protocol is not None or vm.opcode_count > 2):   # not junk that hit a '.'
+        return [(source, region._replace(offset=start + vm.end, nbytes=rest,
+                                          local_header=False))]
+    return []
 
 
 def _assess_region(region: Region, start: int, vm: VmResult, imports: list[GlobalUse],

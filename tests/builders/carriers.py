@@ -51,6 +51,12 @@ def appended(payload: bytes) -> bytes:
     return clean_archive() + payload
 
 
+def appended_after_a_harmless_pickle(payload: bytes) -> bytes:
+    """A harmless pickle first, the payload after its STOP: a sniffer that stops at the
+    first pickle sees nothing; a reader that calls pickle.load twice runs it."""
+    return clean_archive() + pickle.dumps({"step": 1}, protocol=2) + payload
+
+
 def appended_zip(payload: bytes) -> bytes:
     """A second archive appended: every zip reader (miniz, zipfile) takes the LAST end record,
     so zipfile reads the appended archive (its offsets shifted) and torch fails."""
@@ -185,6 +191,7 @@ def huge_gap(path: Path, gap_head: bytes, gap_size: int = 1 << 30) -> None:
 # name -> (builder, region kind the finding names; None: judged as the file's own content)
 CARRIERS: dict[str, tuple[Callable[[bytes], bytes], str | None]] = {
     "appended": (appended, "appended"),
+    "appended_after_a_harmless_pickle": (appended_after_a_harmless_pickle, "appended"),
     "appended_zip": (appended_zip, None),
     "zip_in_record": (zip_in_record, "zip member"),
     "zip_in_gap": (zip_in_gap, "zip member"),
