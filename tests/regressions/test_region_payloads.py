@@ -234,3 +234,28 @@ def test_a_deflate_bomb_region_inflates_only_what_judging_needs() -> None:
     assert report.io["region_bytes_read"] <= len(bomb)
     assert any(f.code is Code.REGION_UNJUDGED and f.record == f"{PREFIX}/extra.pkl"
                for f in report.findings)
+
+
+def test_a_remote_scan_judges_regions_in_two_more_round_trips() -> None:
+    """Over HTTP Range requests the regions' local headers and first bytes are fetched in
+    batches (one round trip each per wave), not one request per region."""
+    from ckptguard.core.io.http import HttpSource
+    from ckptguard.core.io.urlguard import UrlGuard
+    from ckptguard.core.scan import scan_source
+    from tests.rangeserver import RangeServer
+
+    pads = tuple((f"pad{i}.bin", bytes(100_000)) for i in range(6))
+    data = clean_archive(extra=(*pads[:3], ("extra.pkl", PAYLOAD), *pads[3:]))
+    assert len(data) > 500_000   # the payload is neither in the head nor in the tail read
+    trips = {}
+    for max_regions in (0, DEFAULT_LIMITS.max_regions):
+        limits = dataclasses.replace(DEFAULT_LIMITS, max_regions=max_regions)
+        with RangeServer({"/m.pt": data}) as srv, \
+                HttpSource(srv.url("/m.pt"), guard=UrlGuard(allowlist=("127.0.0.1",))) as src:
+            report = scan_source(src, options=ScanOptions(limits=limits))
+            trips[max_regions] = src.round_trips
+    assert report.verdict == "unsafe"
+    (_message, record, _offset), = _region_payloads(report)
+    assert record == f"{PREFIX}/extra.pkl"
+    assert report.io["regions"] == 7 and report.io["regions_unjudged"] == 0
+    assert trips[DEFAULT_LIMITS.max_regions] <= trips[0] + 2, trips
