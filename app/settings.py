@@ -53,6 +53,11 @@ class Settings(BaseSettings):
         "this, or 408 and the connection is closed")
     body_timeout_seconds: float = Field(default=30.0, gt=0, description="a JSON request body "
                                         "(not an upload) must arrive within this, or 408")
+    retention_days: float = Field(default=0.0, ge=0, description="scans older than this many days "
+                                  "are deleted (with analyses no other scan references); 0 = keep "
+                                  "for ever")
+    retention_sweep_seconds: float = Field(default=3600.0, gt=0,
+                                           description="how often retention_days is applied")
     upload_min_rate: int = Field(default=16 * 1024, ge=1, description="bytes/s an upload must average "
                                  "after upload_grace_seconds, or it is cut with 408")
     upload_grace_seconds: float = Field(default=30.0, gt=0, description="before the upload rate counts")
