@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, NamedTuple
 
@@ -104,8 +105,10 @@ def tensor_keys(rows: Iterable[Any]) -> Iterator[tuple[int, str, str, int, int]]
     """(index, name, dtype, nbytes, data_offset) per tensor row: what the tensor endpoint
     filters and sorts on. Rows of old reports may miss fields: they get neutral keys."""
     for index, row in enumerate(rows):
-        fields: Mapping[str, Any] = row if isinstance(row, Mapping) else {}
-        yield (index, str(fields.get("name") or ""), str(fields.get("dtype") or ""),
+        fields: Mapping[str, Any] = row if type(row) is dict or isinstance(row, Mapping) else {}
+        name, dtype = fields.get("name"), fields.get("dtype")
+        yield (index, name if type(name) is str else str(name or ""),
+               dtype if type(dtype) is str else str(dtype or ""),
                _int_or(fields.get("nbytes"), 0), _int_or(fields.get("data_offset"), NO_OFFSET))
 
 
@@ -167,32 +170,55 @@ def batches(items: Iterable[Any], size: int) -> Iterator[list[Any]]:
         yield batch
 
 
-def insert_analysis(conn: sa.Connection, tables: Layout, report: Mapping[str, Any], *,
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """A report encoded for storage, before a write transaction: the CPU-heavy part (JSON,
+    compression) runs outside the store's write lock; what it holds is compressed."""
+
+    report: Mapping[str, Any]
+    head: bytes
+    chunks: dict[str, list[bytes]]          # part -> compressed chunks, in order
+    summary: dict[str, Any]
+    dtypes: list[dict[str, Any]]
+
+    def rows(self, part: str) -> list[Any]:
+        rows = self.report.get(part)
+        return rows if isinstance(rows, list) else []
+
+
+def prepare(report: Mapping[str, Any]) -> Prepared:
+    return Prepared(report=report, head=pack(head_of(report)),
+                    chunks={part: [blob for _n, blob in chunks_of(rows)]
+                            for part in MANIFEST
+                            if isinstance(rows := report.get(part), list)},
+                    summary=summary_of(report),
+                    dtypes=dtype_totals(report.get("tensors") or []))
+
+
+def insert_analysis(conn: sa.Connection, tables: Layout, report: Mapping[str, Any] | Prepared, *,
                     policy: str, cacheable: bool, now: datetime) -> int:
     """Write the analysis of `report` (head, chunks, tensor keys) in bounded batches; its id.
     `tables` are the store's (app/tables.py), or a migration's own view of them."""
-    source = report.get("source") or {}
-    parts = {part: rows if isinstance(rows := report.get(part), list) else []
-             for part in MANIFEST}
-    head = pack(head_of(report))
+    ready = report if isinstance(report, Prepared) else prepare(report)
+    source = ready.report.get("source") or {}
+    stored_bytes = len(ready.head) + sum(len(b) for blobs in ready.chunks.values() for b in blobs)
     analysis_id: int = conn.execute(tables.analyses.insert().values(
         created_at=now, sha256=str(source.get("sha256") or ""),
-        scanner_version=str((report.get("scanner") or {}).get("version", "")), policy=policy,
-        cacheable=cacheable, head=head, summary=summary_of(report),
-        dtypes=dtype_totals(parts["tensors"]), tensor_count=len(parts["tensors"]),
-        storage_count=len(parts["storages"]), stored_bytes=0)
+        scanner_version=str((ready.report.get("scanner") or {}).get("version", "")),
+        policy=policy, cacheable=cacheable, head=ready.head, summary=ready.summary,
+        dtypes=ready.dtypes, tensor_count=len(ready.rows("tensors")),
+        storage_count=len(ready.rows("storages")), stored_bytes=stored_bytes)
         .returning(tables.analyses.c.id)).scalar_one()
-    stored_bytes = len(head)
-    for part, rows in parts.items():
-        for batch in batches(chunks_of(rows), 64):
-            stored_bytes += sum(len(blob) for _n, blob in batch)
+    for part, blobs in ready.chunks.items():
+        for batch in batches(enumerate(blobs), 64):
             conn.execute(tables.chunks.insert(), [
                 {"analysis_id": analysis_id, "part": part, "chunk": n, "data": blob}
                 for n, blob in batch])
-    for keys in batches(tensor_keys(parts["tensors"]), INSERT_BATCH):
-        conn.execute(tables.keys.insert(), [
-            {"analysis_id": analysis_id, "idx": i, "name": name, "dtype": dtype, "nbytes": nbytes,
-             "data_offset": offset} for i, name, dtype, nbytes, offset in keys])
-    conn.execute(tables.analyses.update().where(tables.analyses.c.id == analysis_id)
-                 .values(stored_bytes=stored_bytes))
+    # 500,000 rows: the driver's executemany on plain tuples, not SQLAlchemy's per-row dicts
+    columns = ("analysis_id", "idx", "name", "dtype", "nbytes", "data_offset")
+    mark = "?" if conn.dialect.paramstyle == "qmark" else "%s"
+    sql = (f"INSERT INTO {tables.keys.name} ({', '.join(columns)}) "  # noqa: S608 (names are ours)
+           f"VALUES ({', '.join([mark] * len(columns))})")
+    for keys in batches(tensor_keys(ready.rows("tensors")), INSERT_BATCH):
+        conn.exec_driver_sql(sql, [(analysis_id, *key) for key in keys])
     return analysis_id

@@ -156,9 +156,10 @@ class Store:
         """Store one fresh report (a `Report.to_json()` dict) as an analysis and this
         request's record of it. Runs in a thread: encoding a 500,000-row manifest takes seconds."""
         source = dict(report.get("source") or {})
+        ready = compact.prepare(report)              # encoding and compression: before the lock
         now = datetime.now(UTC)
         with self._write_lock, self.engine.begin() as conn:
-            analysis_id = compact.insert_analysis(conn, LAYOUT, report, policy=policy,
+            analysis_id = compact.insert_analysis(conn, LAYOUT, ready, policy=policy,
                                                   cacheable=cacheable, now=now)
             return _insert_record(conn, analysis_id, source, cached=False, now=now,
                                   verdict=str(report.get("verdict", "invalid")),

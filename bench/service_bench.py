@@ -252,47 +252,12 @@ def tensor_pages(server: Server, scan_id: str) -> None:
     print(f"tensor page, slowest: {worst * 1000:.1f} ms", flush=True)
 
 
-def trickling_upstream(size: int = 1 << 20, every: float = 0.5) -> tuple[str, threading.Event]:
-    """A local server answering 206 with honest headers, then a byte every `every` s."""
-    import socket
-
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(16)
-    stop = threading.Event()
-
-    def serve(conn: socket.socket) -> None:
-        with conn:
-            request = b""
-            while b"\r\n\r\n" not in request:
-                part = conn.recv(4096)
-                if not part:
-                    return
-                request += part
-            conn.sendall(b"HTTP/1.1 206 Partial Content\r\nContent-Range: bytes 0-%d/%d\r\n"
-                         b"Content-Length: %d\r\nETag: \"x\"\r\n\r\n" % (size - 1, size, size))
-            while not stop.wait(every):
-                try:
-                    conn.sendall(b"\0")
-                except OSError:
-                    return
-
-    def accept() -> None:
-        while not stop.is_set():
-            try:
-                conn, _ = listener.accept()
-            except OSError:
-                return
-            threading.Thread(target=serve, args=(conn,), daemon=True).start()
-
-    threading.Thread(target=accept, daemon=True).start()
-    return f"http://127.0.0.1:{listener.getsockname()[1]}/model.pt", stop
-
-
 def slow_upstream(args: argparse.Namespace) -> None:
+    from tests.trickle import trickling_server
+
     data, offset = checkpoint_1mb()
-    url, stop = trickling_upstream()
-    with tempfile.TemporaryDirectory(prefix="ckptguard-bench-") as tmp, \
+    with trickling_server(every=0.5) as url, \
+            tempfile.TemporaryDirectory(prefix="ckptguard-bench-") as tmp, \
             running_server(Path(tmp) / "data", CKPTGUARD_WORKERS="2", CKPTGUARD_LOG_LEVEL="WARNING",
                            CKPTGUARD_URL_ALLOWLIST="127.0.0.1") as server:
         asyncio.run(load(server, data, offset, 2, 2.0, 10**9))      # warm-up
@@ -322,7 +287,6 @@ def slow_upstream(args: argparse.Namespace) -> None:
         for t in scans:
             t.join(timeout=600)
         print(f"trickling URL scans: {outcomes}", flush=True)
-        stop.set()
 
 
 def main() -> None:
