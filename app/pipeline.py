@@ -104,8 +104,9 @@ class ScanService:
         are still answered)."""
         started = time.perf_counter()
         sha256 = str(info["sha256"])
-        if hook is None and (hit := await self.lookup(sha256)) is not None:
-            return await self._share(hit, info, started)
+        if hook is None and (hit := await self.lookup(sha256)) is not None \
+                and (answer := await self._share(hit, info, started)) is not None:
+            return answer
         if hook is None and (running := self._scanning.get(sha256)) is not None:
             # the same bytes are being scanned for another caller: share that analysis
             try:
@@ -114,8 +115,8 @@ class ScanService:
                 if not running.cancelled():
                     raise                  # this caller went away
                 shared = None              # the other caller went away: scan them here
-            if shared is not None:
-                return await self._share(shared, info, started)
+            if shared is not None and (answer := await self._share(shared, info, started)) is not None:
+                return answer
         hook_arg: Hook | None = hook if hook in HOOKS else None  # type: ignore[assignment]
         flight: asyncio.Future[Cached] = asyncio.get_running_loop().create_future()
         flight.add_done_callback(lambda f: f.cancelled() or f.exception())  # never "unretrieved"
@@ -148,11 +149,14 @@ class ScanService:
         self._observe(stored, codes, cached=False, started=started)
         return Answer(stored, outcome.report)
 
-    async def _share(self, analysis: Cached, info: dict[str, Any], started: float) -> Answer:
+    async def _share(self, analysis: Cached, info: dict[str, Any], started: float) -> Answer | None:
         """A cached or in-flight analysis, answered as the caller's own record: its id, its
-        file name, its time (another caller's name and upload time are not this caller's to see)."""
+        file name, its time (another caller's name and upload time are not this caller's to see).
+        None when the analysis was deleted meanwhile: the caller's bytes are scanned instead."""
         own = await asyncio.to_thread(self.store.share, analysis,
                                       _callers_source(analysis.source, info))
+        if own is None:
+            return None
         self._observe(own, analysis.codes, cached=True, started=started)
         return Answer(own, None)
 

@@ -165,11 +165,18 @@ class Store:
                                   verdict=str(report.get("verdict", "invalid")),
                                   fmt=str(report.get("format", "unknown")))
 
-    def share(self, cached: Cached, source: dict[str, Any]) -> Record:
-        """A new record of a stored analysis for another request: a few hundred bytes."""
-        with self._write_lock, self.engine.begin() as conn:
-            return _insert_record(conn, cached.analysis_id, source, cached=True,
-                                  now=datetime.now(UTC), verdict=cached.verdict, fmt=cached.format)
+    def share(self, cached: Cached, source: dict[str, Any]) -> Record | None:
+        """A new record of a stored analysis for another request: a few hundred bytes. None
+        when the analysis was deleted since it was found (its last record went meanwhile)."""
+        try:
+            with self._write_lock, self.engine.begin() as conn:
+                if conn.execute(sa.select(analyses.c.id)
+                                .where(analyses.c.id == cached.analysis_id)).first() is None:
+                    return None
+                return _insert_record(conn, cached.analysis_id, source, cached=True,
+                                      now=datetime.now(UTC), verdict=cached.verdict, fmt=cached.format)
+        except sa.exc.IntegrityError:      # deleted between the check and the insert (PostgreSQL)
+            return None
 
     def find_cached(self, sha256: str, scanner_version: str, policy: str) -> Cached | None:
         """The newest cacheable analysis for this cache key, if any."""
@@ -221,45 +228,62 @@ class Store:
         """One page of the manifest's tensors, filtered and sorted in SQL on tensor_keys, the
         rows read from their chunks. Raise ValueError on a cursor not issued for this sort.
 
-        Plan: the total comes first (the analysis' counts, else one scan of its rows). When
-        few rows match (<= FEW_MATCHES), their keys are read and sorted here; otherwise the
-        sort's index is walked to the page, which finds matches quickly since they are common
-        (walking it for a rare match would visit every row)."""
+        Plan: when at most FEW_MATCHES rows match (the dtype counts tell; a name filter reads
+        at most FEW_MATCHES + 1 of them to find out), their keys are read and sorted here, and
+        their number is the total. Otherwise an index in the sort's order (with the dtype
+        first when it is filtered) is walked to the page, and a name filter's total is one
+        count. A name's matches are then common, so the walk is usually short; it is long
+        when they all sort last (the limit of this plan: bench/service_bench.py)."""
         column, descending = TENSOR_SORTS[sort]
         tk = tensor_keys
         limit = max(1, min(limit, MAX_TENSOR_PAGE))
         analysis_id = stored.record.analysis_id
-        where: list[sa.ColumnElement[bool]] = [tk.c.analysis_id == analysis_id]
-        if dtype is not None:
-            where.append(tk.c.dtype == dtype)
-        if name:
-            where.append(tk.c.name.icontains(name, autoescape=True))
-        key = tk.c[column]
         after = decode_tensor_cursor(cursor, sort) if cursor else None
+        key = tk.c[column]
+        where: list[sa.ColumnElement[bool]] = [tk.c.analysis_id == analysis_id]
+        if name:
+            pattern = "%" + name.replace("/", "//").replace("%", "/%").replace("_", "/_") + "%"
+            # SQLite's LIKE ignores ASCII case already (lower() would double the scan's cost)
+            where.append(tk.c.name.like(pattern, escape="/") if self.engine.dialect.name == "sqlite"
+                         else tk.c.name.ilike(pattern, escape="/"))
         with self.engine.connect() as conn:
-            if name:
-                total = conn.execute(sa.select(sa.func.count()).where(*where)).scalar_one()
-            elif dtype is not None:
+            few: list[Any] | None = None
+            if dtype is not None:
                 total = next((d["count"] for d in stored.dtypes if d["dtype"] == dtype), 0)
-            else:
+                if total <= FEW_MATCHES:
+                    few = list(conn.execute(sa.select(tk.c.idx, key.label("key"))
+                                            .where(*where, tk.c.dtype == dtype)))
+                    total = len(few)
+                else:
+                    where.append(tk.c.dtype == dtype)
+            elif not name:
                 total = stored.tensor_count
-            if after is not None:
-                position = after[1] if column == "idx" else sa.tuple_(after[0], after[1])
-                ordered = tk.c.idx if column == "idx" else sa.tuple_(key, tk.c.idx)
-                where.append(ordered < position if descending else ordered > position)
-            query = sa.select(tk.c.idx, key.label("key")).where(*where)
-            if total <= FEW_MATCHES:
-                hits = sorted(conn.execute(query).all(), key=lambda h: (h.key, h.idx),
-                              reverse=descending)[:limit + 1]
+            if name and few is None:
+                found = list(conn.execute(sa.select(tk.c.idx, key.label("key")).where(*where)
+                                          .limit(FEW_MATCHES + 1)))
+                if len(found) <= FEW_MATCHES:
+                    few, total = found, len(found)
+                else:
+                    total = conn.execute(sa.select(sa.func.count()).where(*where)).scalar_one()
+            if few is not None:
+                ordered = sorted(((h.key, h.idx) for h in few), reverse=descending)
+                if after is not None:
+                    ordered = [h for h in ordered if (h < after if descending else h > after)]
+                hits = ordered[:limit + 1]
             else:
+                if after is not None:
+                    position = after[1] if column == "idx" else sa.tuple_(after[0], after[1])
+                    current = tk.c.idx if column == "idx" else sa.tuple_(key, tk.c.idx)
+                    where.append(current < position if descending else current > position)
                 order = [key, tk.c.idx] if column != "idx" else [tk.c.idx]
-                hits = list(conn.execute(query.order_by(*(c.desc() if descending else c for c in order))
-                                         .limit(limit + 1)).all())
+                hits = [(h.key, h.idx) for h in conn.execute(
+                    sa.select(tk.c.idx, key.label("key")).where(*where)
+                    .order_by(*(c.desc() if descending else c for c in order)).limit(limit + 1))]
             more = len(hits) > limit
             hits = hits[:limit]
-            rows = _tensor_rows(conn, analysis_id, [h.idx for h in hits])
-        nxt = encode_tensor_cursor(sort, hits[-1].key, hits[-1].idx) if more else None
-        return TensorPage(items=[{"index": h.idx, **rows[h.idx]} for h in hits], next_cursor=nxt,
+            rows = _tensor_rows(conn, analysis_id, [idx for _key, idx in hits])
+        nxt = encode_tensor_cursor(sort, *hits[-1]) if more else None
+        return TensorPage(items=[{"index": idx, **rows[idx]} for _key, idx in hits], next_cursor=nxt,
                           total=int(total))
 
     def list(self, *, sha256: str | None = None, verdict: str | None = None,

@@ -58,6 +58,10 @@ tensor_keys = sa.Table(
     sa.Index("ix_tensor_keys_nbytes", "analysis_id", "nbytes", "idx"),
     sa.Index("ix_tensor_keys_data_offset", "analysis_id", "data_offset", "idx"),
     sa.Index("ix_tensor_keys_dtype", "analysis_id", "dtype", "idx"),
+    # a dtype filter walks these in the sort's order (sort keys often follow the dtype: the
+    # storages of one dtype lie together in the file)
+    sa.Index("ix_tensor_keys_dtype_nbytes", "analysis_id", "dtype", "nbytes", "idx"),
+    sa.Index("ix_tensor_keys_dtype_data_offset", "analysis_id", "dtype", "data_offset", "idx"),
     sqlite_with_rowid=False,
 )
 

@@ -177,6 +177,18 @@ def test_a_cache_hit_stores_a_record_not_a_copy_and_deletes_cascade(url: str) ->
         store.close()
 
 
+def test_sharing_an_analysis_deleted_since_it_was_found_adds_nothing(url: str) -> None:  # noqa: F811
+    store = Store.open(url)
+    try:
+        first = store.save(synthetic_report(5), policy="p", cacheable=True)
+        hit = store.find_cached("ab" * 32, "9", "p")
+        assert hit is not None and store.delete(first.id)
+        assert store.share(hit, {"kind": "upload"}) is None     # the caller scans instead
+        assert _count(store, scans) == 0
+    finally:
+        store.close()
+
+
 def test_retention_sweep(url: str) -> None:  # noqa: F811
     store = Store.open(url)
     try:

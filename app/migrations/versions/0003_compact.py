@@ -82,6 +82,9 @@ def upgrade() -> None:
     op.create_index("ix_tensor_keys_nbytes", "tensor_keys", ["analysis_id", "nbytes", "idx"])
     op.create_index("ix_tensor_keys_data_offset", "tensor_keys", ["analysis_id", "data_offset", "idx"])
     op.create_index("ix_tensor_keys_dtype", "tensor_keys", ["analysis_id", "dtype", "idx"])
+    op.create_index("ix_tensor_keys_dtype_nbytes", "tensor_keys", ["analysis_id", "dtype", "nbytes", "idx"])
+    op.create_index("ix_tensor_keys_dtype_data_offset", "tensor_keys",
+                    ["analysis_id", "dtype", "data_offset", "idx"])
     op.add_column("scans", sa.Column("analysis_id", sa.Integer, nullable=True))
     op.add_column("scans", sa.Column("cached", sa.Boolean, nullable=True))
     op.add_column("scans", sa.Column("source", sa.JSON, nullable=True))
