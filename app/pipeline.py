@@ -8,13 +8,12 @@ with the `Answer`'s record, streamed (app/responses.py); any other entry (webhoo
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, get_args
 
+from ckptguard.app.admission import RETRY_AFTER_S, Admission
 from ckptguard.app.jobs import Jobs, PoolFull
 from ckptguard.app.metrics import Metrics
 from ckptguard.app.problems import AppError
@@ -27,7 +26,6 @@ from ckptguard.core.report import POLICY
 
 log = logging.getLogger("ckptguard.scan")
 HOOKS: frozenset[str] = frozenset(get_args(Hook))
-RETRY_AFTER_S = 5
 LOGGED_CODES = 20
 
 
@@ -59,7 +57,10 @@ class ScanService:
         self.metrics = metrics
         self.allow = frozenset(settings.allow_globals)
         self.policy = policy_key(POLICY, self.allow)
-        self.uploads_in_flight = 0   # on the event loop only: no lock needed
+        self.admission = Admission({"upload": settings.max_uploads_in_flight,
+                                    "url": settings.resolved_max_url_scans_in_flight},
+                                   per_key=settings.max_in_flight_per_key,
+                                   on_refusal=metrics.rejected.inc)
         # sha256 -> the stored analysis of the scan of those bytes now running (single flight)
         self._scanning: dict[str, asyncio.Future[Cached]] = {}
 
@@ -76,19 +77,6 @@ class ScanService:
         stored = await self.record(report, cacheable=False)
         self._observe(stored, _codes(report), cached=False, started=started)
         return Answer(stored, report)
-
-    @contextlib.contextmanager
-    def upload_slot(self) -> Iterator[None]:
-        """One of `max_uploads_in_flight` receiving slots, or 503 + Retry-After."""
-        if self.uploads_in_flight >= self.settings.max_uploads_in_flight:
-            self.metrics.rejected.inc()
-            raise AppError("UPLOADS_BUSY", 503, f"{self.uploads_in_flight} uploads are being "
-                           "received; retry later", headers={"Retry-After": str(RETRY_AFTER_S)})
-        self.uploads_in_flight += 1
-        try:
-            yield
-        finally:
-            self.uploads_in_flight -= 1
 
     def refuse_if_full(self) -> None:
         """Before receiving an upload: refuse it (503) when its scan could not queue."""

@@ -58,6 +58,13 @@ class Settings(BaseSettings):
                                   "for ever")
     retention_sweep_seconds: float = Field(default=3600.0, gt=0,
                                            description="how often retention_days is applied")
+    max_url_scans_in_flight: int | None = Field(
+        default=None, ge=1, description="URL scans running at once; past it: 503 + Retry-After; "
+        "default max(1, workers // 2), so uploads keep being scanned while a slow upstream holds "
+        "URL scans")
+    max_in_flight_per_key: int = Field(
+        default=16, ge=1, description="with API keys set: uploads being received plus URL scans "
+        "running for one key; past it: 503 KEY_BUSY + Retry-After")
     upload_min_rate: int = Field(default=16 * 1024, ge=1, description="bytes/s an upload must average "
                                  "after upload_grace_seconds, or it is cut with 408")
     upload_grace_seconds: float = Field(default=30.0, gt=0, description="before the upload rate counts")
@@ -114,3 +121,7 @@ class Settings(BaseSettings):
     @property
     def resolved_upload_dir(self) -> Path:
         return (self.upload_dir or self.data_dir / "uploads").resolve()
+
+    @property
+    def resolved_max_url_scans_in_flight(self) -> int:
+        return self.max_url_scans_in_flight or max(1, self.workers // 2)

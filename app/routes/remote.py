@@ -15,6 +15,7 @@ stored like an upload's (its own id, never reused from the cache) and streamed b
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import Annotated, Any
 
@@ -23,6 +24,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
+from ckptguard.app.deps import caller_key
 from ckptguard.app.jobs import PoolFull
 from ckptguard.app.pipeline import ScanService, queue_full
 from ckptguard.app.problems import AppError
@@ -84,16 +86,20 @@ def _scan_sync(url: str, headers: dict[str, str] | None, guard: UrlGuard,
 async def scan_url(body: ScanUrlRequest, request: Request) -> Response:
     guard = _guard(request)
     scans = getattr(request.app.state, "scans", None)
+    # a URL scan waits on someone else's server: capped apart from uploads (app/admission.py)
+    slot = (scans.admission.slot("url", caller_key(request)) if isinstance(scans, ScanService)
+            else contextlib.nullcontext())
     try:
         guard.check_url(body.url)
         headers = check_request(body.url, body.headers) or None
         jobs = getattr(request.app.state, "jobs", None)
-        if jobs is not None and hasattr(jobs, "scan_url"):
-            report: dict[str, Any] = await jobs.scan_url(body.url, headers, guard,
-                                                         _options(request).allow, wait=False)
-        else:
-            report = await run_in_threadpool(_scan_sync, body.url, headers, guard,
-                                             _options(request))
+        with slot:
+            if jobs is not None and hasattr(jobs, "scan_url"):
+                report: dict[str, Any] = await jobs.scan_url(body.url, headers, guard,
+                                                             _options(request).allow, wait=False)
+            else:
+                report = await run_in_threadpool(_scan_sync, body.url, headers, guard,
+                                                 _options(request))
     except SourceError as exc:
         raise _problem_for(exc) from exc
     except LimitExceeded as exc:  # the byte budget ran out before the scan could start

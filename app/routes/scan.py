@@ -8,7 +8,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from starlette.requests import ClientDisconnect
 
-from ckptguard.app.deps import AuthDep, ScanServiceDep, SettingsDep
+from ckptguard.app.deps import AuthDep, ScanServiceDep, SettingsDep, caller_key
 from ckptguard.app.responses import record_report
 from ckptguard.app.routes.scans import ScanReport
 from ckptguard.app.uploads import paced, receive_upload
@@ -27,7 +27,7 @@ async def scan_upload(request: Request, settings: SettingsDep, scans: ScanServic
 
     503 (`SCAN_QUEUE_FULL`, with Retry-After) when max_queued_scans are already waiting."""
     scans.refuse_if_full()   # before a byte of the body is read
-    with scans.upload_slot():
+    with scans.admission.slot("upload", caller_key(request)):
         try:
             upload = await receive_upload(
                 request.headers.get("content-type"), request.headers.get("content-length"),
