@@ -224,6 +224,8 @@ class Code(StrEnum):
     LIMIT_HEADER = "LIMIT_HEADER", _H, _X, "a format header is larger than allowed"
     LIMIT_NAME = ("LIMIT_NAME", _L, _N,
                   "tensor names or paths longer than the cap were shortened to a prefix and a digest")
+    LIMIT_REPORT = ("LIMIT_REPORT", _M, _S,
+                    "the report would pass its size cap: its lists were cut, the rest counted")
     RESOURCE_LIMIT = "RESOURCE_LIMIT", _H, _X, "the scan worker ran out of memory or CPU time"
     TIMEOUT = "TIMEOUT", _H, _X, "the scan took longer than the wall-clock limit"
     WORKER_CRASHED = "WORKER_CRASHED", _H, _X, "the scan worker died"

@@ -23,6 +23,7 @@ from ckptguard.core import __version__
 from ckptguard.core.errors import CkptError, Code, LimitExceeded, SourceError
 from ckptguard.core.io.source import ByteSource, BytesSource, FileSource, ReadOnce
 from ckptguard.core.report import FormatName, Report, SourceInfo, WeightsOnly, bound_names, decide_verdict
+from ckptguard.core.reportsize import cap_report, report_budget
 from ckptguard.core.sniff import HEAD_BYTES, Sniffed, sniff
 from ckptguard.core.state import Analysis, ScanOptions
 
@@ -100,15 +101,19 @@ def _report(an: Analysis, source: ByteSource, info: SourceInfo, started: float) 
     an.capped_findings()
     wo = an.weights_only or WeightsOnly(loadable=False, error="not a torch checkpoint",
                                         error_type=None)
-    verdict = decide_verdict(an.findings, wo.loadable)
-    return Report(
-        source=info, format=an.format, verdict=verdict, weights_only=wo,
+    report = Report(
+        source=info, format=an.format, weights_only=wo,
         globals=sorted(an.globals.values(), key=lambda g: (g.offset or 0, g.full)),
         findings=an.findings, tensors=an.tensors, storages=an.storages,
         io={"bytes_read": source.stats.bytes_read, "requests": source.stats.requests, **an.io},
         timings_ms={"total": round((time.perf_counter() - started) * 1000, 3)},
         scanner_version=__version__, extra=an.extra,
     )
+    limits = an.options.limits
+    cut = cap_report(report, report_budget(limits, source.stats.bytes_read, len(an.tensors)),
+                     max_name)
+    report.verdict = decide_verdict([*an.findings, *([cut] if cut else [])], wo.loadable)
+    return report
 
 
 def _analyze(source: ByteSource, an: Analysis) -> None:

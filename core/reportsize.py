@@ -1,0 +1,149 @@
+"""The report's total size cap: past it the lists are cut, counted, and the scan fails closed.
+
+Strategy: a report's JSON is `json.dumps(report.to_json())` (ASCII, default separators: the
+largest form the service or the CLI writes without indentation). Its size is bounded
+column-wise at C speed (joined strings, counts, the widest integer), never by serializing the
+manifest: a 100k-tensor report costs more to serialize than to scan. Only when that bound
+passes the budget are rows measured one by one, and the lists keep the rows that fit, in
+this order: findings, globals, unsafe globals, tensors, storages. One LIMIT_REPORT finding
+(effect: suspicious) counts what was left out, so a cut report is never `safe`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Iterable, Sequence
+from itertools import chain
+from json.encoder import encode_basestring_ascii  # type: ignore[attr-defined]
+from operator import itemgetter
+from typing import Any
+
+from ckptguard.core.errors import Code
+from ckptguard.core.limits import Limits
+from ckptguard.core.report import NAME_MARK, Finding, Report, StorageEntry, TensorEntry
+
+# JSON of a row whose strings are empty, lists empty, optional fields null, numbers 0: what
+# every row costs before its variable parts (field names, quotes, separators, "false")
+_TENSOR_FIXED = len(json.dumps(TensorEntry("", [], "", [], [], 0, "", "", False, 0, 0, "",
+                                           ()).to_json()))
+_STORAGE_FIXED = len(json.dumps(StorageEntry("", "", 0, 0, "", "", 0, False).to_json()))
+_NULL = 4         # per optional field: "null" where the fixed row has "" or 0
+_RESERVE = 4096   # the LIMIT_REPORT finding itself, with its counts
+
+
+def report_budget(limits: Limits, bytes_read: int, tensors: int) -> int:
+    """JSON bytes a report may take: a floor, plus a share per byte of metadata read and
+    per tensor, never past `Limits.max_report_bytes`."""
+    return min(limits.max_report_bytes,
+               limits.report_floor_bytes + limits.report_bytes_per_byte_read * bytes_read
+               + limits.report_bytes_per_tensor * tensors)
+
+
+def _text(strings: Iterable[str | None]) -> int:
+    """JSON characters of the strings' contents (escapes included, quotes not), summed."""
+    joined = "".join(filter(None, strings))
+    return len(encode_basestring_ascii(joined)) - 2 if joined else 0
+
+
+def _digits(numbers: Iterable[int | None]) -> int:
+    """Characters of the widest integer (sign included) among `numbers`, at least 1."""
+    values = list(filter(None, numbers))
+    if not values:
+        return 1
+    return max(len(str(max(values))), len(str(min(values))))
+
+
+def tensors_bound(tensors: Sequence[TensorEntry], max_name_chars: int) -> int:
+    """An upper bound of the JSON characters of the tensor rows (with their separators)."""
+    n = len(tensors)
+    if not n:
+        return 0
+    names = list(map(itemgetter(0), tensors))
+    name_text = _text(names)
+    # a path's segments hold its name's characters minus the dots, plus per segment two
+    # quotes and ", "; a shortened path (NAME_MARK) may hold up to max_name_chars more
+    segments = sum(map(len, map(itemgetter(1), tensors)))
+    shortened = "\n".join(names).count(NAME_MARK)
+    shapes = list(map(itemgetter(3), tensors)) + list(map(itemgetter(4), tensors))
+    dims = sum(map(len, shapes))
+    dim_width = _digits(list(chain.from_iterable(shapes))) + 2 if dims else 0
+    ints = _digits([*map(itemgetter(5), tensors), *map(itemgetter(9), tensors),
+                    *map(itemgetter(10), tensors)])
+    flags = sum(map(len, map(itemgetter(12), tensors)))
+    return (n * (_TENSOR_FIXED + 2 + 3 * ints + 3 * _NULL)
+            + 2 * name_text + 4 * segments + shortened * max_name_chars
+            + dims * dim_width
+            + _text(map(itemgetter(2), tensors)) + _text(map(itemgetter(6), tensors))
+            + _text(map(itemgetter(7), tensors)) + _text(map(itemgetter(11), tensors))
+            + flags * 8)
+
+
+def storages_bound(storages: Sequence[StorageEntry]) -> int:
+    """An upper bound of the JSON characters of the storage rows (with their separators)."""
+    n = len(storages)
+    if not n:
+        return 0
+    ints = _digits([*map(itemgetter(2), storages), *map(itemgetter(3), storages),
+                    *map(itemgetter(6), storages)])
+    return (n * (_STORAGE_FIXED + 2 + 3 * ints + 2 * _NULL)
+            + sum(_text(map(itemgetter(i), storages)) for i in (0, 1, 4, 5)))
+
+
+def _size(value: Any) -> int:
+    return len(json.dumps(value))
+
+
+def _fit(items: Sequence[Any], room: int) -> tuple[int, int]:
+    """(how many leading items fit in `room` JSON characters, the characters they take)."""
+    used = 0
+    for i, item in enumerate(items):
+        cost = _size(item.to_json() if hasattr(item, "to_json") else item) + 2
+        if used + cost > room:
+            return i, used
+        used += cost
+    return len(items), used
+
+
+def cap_report(report: Report, budget: int, max_name_chars: int) -> Finding | None:
+    """Cut `report`'s lists, in place, to fit `budget` JSON bytes; the LIMIT_REPORT finding
+    (already appended to the report) if any was cut, else None."""
+    wo = report.weights_only
+    hint = wo.safe_globals_hint
+    bare = dataclasses.replace(report, globals=[], findings=[], tensors=[], storages=[],
+                               weights_only=dataclasses.replace(wo, unsafe_globals=[],
+                                                                safe_globals_hint=None))
+    fixed = _size(bare.to_json())
+    lists: list[tuple[str, Sequence[Any]]] = [
+        ("findings", report.findings), ("globals", report.globals),
+        ("unsafe globals", wo.unsafe_globals), ("tensors", report.tensors),
+        ("storages", report.storages)]
+    bound = (fixed + _size([f.to_json() for f in report.findings])
+             + _size([g.to_json() for g in report.globals]) + _size(wo.unsafe_globals)
+             + (_size(hint) if hint else 0) + tensors_bound(report.tensors, max_name_chars)
+             + storages_bound(report.storages))
+    if bound <= budget:
+        return None
+    room = budget - fixed - _RESERVE
+    kept: list[tuple[str, int, int]] = []
+    for label, items in lists:
+        count, used = _fit(items, max(room, 0))
+        kept.append((label, count, len(items)))
+        room -= used
+    if all(count == total for _, count, total in kept) and (not hint or _size(hint) <= room):
+        return None   # the bound was loose: every row fits
+    counts = {label: count for label, count, _ in kept}
+    report.findings = report.findings[:counts["findings"]]
+    report.globals = report.globals[:counts["globals"]]
+    report.storages = report.storages[:counts["storages"]]
+    report.tensors = report.tensors[:counts["tensors"]]
+    if counts["unsafe globals"] < len(wo.unsafe_globals) or (hint and _size(hint) > room):
+        wo.safe_globals_hint = None
+    wo.unsafe_globals = wo.unsafe_globals[:counts["unsafe globals"]]
+    left_out = ", ".join(f"{total - count:,} of {total:,} {label}"
+                         for label, count, total in kept if count < total) or "the hint"
+    finding = Finding(Code.LIMIT_REPORT, f"the report would pass its cap of {budget:,} JSON "
+                      f"bytes (Limits: a floor + per byte read + per tensor, at most "
+                      f"max_report_bytes): not listed: {left_out}")
+    report.findings.append(finding)
+    return finding
