@@ -46,37 +46,35 @@ def _text(strings: Iterable[str | None]) -> int:
     return len(encode_basestring_ascii(joined)) - 2 if joined else 0
 
 
-def _digits(numbers: Iterable[int | None]) -> int:
-    """Characters of the widest integer (sign included) among `numbers`, at least 1."""
-    values = list(filter(None, numbers))
-    if not values:
-        return 1
-    return max(len(str(max(values))), len(str(min(values))))
+def _width(*numbers: Iterable[int]) -> int:
+    """Characters of the widest integer among `numbers`, a sign included."""
+    return len(str(max(map(abs, chain(*numbers)), default=0))) + 1
 
 
 def tensors_bound(tensors: Sequence[TensorEntry], max_name_chars: int) -> int:
-    """An upper bound of the JSON characters of the tensor rows (with their separators)."""
+    """An upper bound of the JSON characters of the tensor rows (with their separators), in
+    a few C-speed passes over the columns."""
     n = len(tensors)
     if not n:
         return 0
-    names = list(map(itemgetter(0), tensors))
-    name_text = _text(names)
+
+    def column(i: int) -> Iterable[Any]:
+        return map(itemgetter(i), tensors)
+
+    names = "".join(column(0))
     # a path's segments hold its name's characters minus the dots, plus per segment two
     # quotes and ", "; a shortened path (NAME_MARK) may hold up to max_name_chars more
-    segments = sum(map(len, map(itemgetter(1), tensors)))
-    shortened = "\n".join(names).count(NAME_MARK)
-    shapes = list(map(itemgetter(3), tensors)) + list(map(itemgetter(4), tensors))
-    dims = sum(map(len, shapes))
-    dim_width = _digits(list(chain.from_iterable(shapes))) + 2 if dims else 0
-    ints = _digits([*map(itemgetter(5), tensors), *map(itemgetter(9), tensors),
-                    *map(itemgetter(10), tensors)])
-    flags = sum(map(len, map(itemgetter(12), tensors)))
-    return (n * (_TENSOR_FIXED + 2 + 3 * ints + 3 * _NULL)
-            + 2 * name_text + 4 * segments + shortened * max_name_chars
-            + dims * dim_width
-            + _text(map(itemgetter(2), tensors)) + _text(map(itemgetter(6), tensors))
-            + _text(map(itemgetter(7), tensors)) + _text(map(itemgetter(11), tensors))
-            + flags * 8)
+    name_text = len(encode_basestring_ascii(names)) - 2
+    shortened = names.count(NAME_MARK)
+    segments = sum(map(len, column(1)))
+    dims = sum(map(len, column(3))) + sum(map(len, column(4)))
+    dim_width = _width(chain.from_iterable(column(3)), chain.from_iterable(column(4))) + 2
+    ints = _width(column(5), filter(None, column(9)), column(10))
+    # dtype and kind come from small sets: the longest one per row
+    closed = sum(max(map(len, map(encode_basestring_ascii, set(column(i))))) for i in (2, 7))
+    return (n * (_TENSOR_FIXED + 2 + 3 * ints + 3 * _NULL + closed)
+            + 2 * name_text + 4 * segments + shortened * max_name_chars + dims * dim_width
+            + _text(column(6)) + _text(column(11)) + 8 * sum(map(len, column(12))))
 
 
 def storages_bound(storages: Sequence[StorageEntry]) -> int:
@@ -84,8 +82,7 @@ def storages_bound(storages: Sequence[StorageEntry]) -> int:
     n = len(storages)
     if not n:
         return 0
-    ints = _digits([*map(itemgetter(2), storages), *map(itemgetter(3), storages),
-                    *map(itemgetter(6), storages)])
+    ints = _width(*(filter(None, map(itemgetter(i), storages)) for i in (2, 3, 6)))
     return (n * (_STORAGE_FIXED + 2 + 3 * ints + 2 * _NULL)
             + sum(_text(map(itemgetter(i), storages)) for i in (0, 1, 4, 5)))
 
@@ -94,10 +91,24 @@ def _size(value: Any) -> int:
     return len(json.dumps(value))
 
 
-def _fit(items: Sequence[Any], room: int) -> tuple[int, int]:
-    """(how many leading items fit in `room` JSON characters, the characters they take)."""
+_CHUNK = 1024
+
+
+def _fit(items: Sequence[Any], room: int, bound: Any = None) -> tuple[int, int]:
+    """(how many leading items fit in `room` JSON characters, the characters they take at
+    most). With `bound` (a column bound of a slice), whole chunks that fit by their bound
+    are taken without serializing a row; the chunk that may not fit is measured row by row."""
     used = 0
-    for i, item in enumerate(items):
+    start = 0
+    if bound is not None:
+        while start < len(items):
+            cost = bound(items[start:start + _CHUNK])
+            if used + cost > room:
+                break
+            used += cost
+            start += _CHUNK
+    for i in range(start, len(items)):
+        item = items[i]
         cost = _size(item.to_json() if hasattr(item, "to_json") else item) + 2
         if used + cost > room:
             return i, used
@@ -114,10 +125,11 @@ def cap_report(report: Report, budget: int, max_name_chars: int) -> Finding | No
                                weights_only=dataclasses.replace(wo, unsafe_globals=[],
                                                                 safe_globals_hint=None))
     fixed = _size(bare.to_json())
-    lists: list[tuple[str, Sequence[Any]]] = [
-        ("findings", report.findings), ("globals", report.globals),
-        ("unsafe globals", wo.unsafe_globals), ("tensors", report.tensors),
-        ("storages", report.storages)]
+    lists: list[tuple[str, Sequence[Any], Any]] = [
+        ("findings", report.findings, None), ("globals", report.globals, None),
+        ("unsafe globals", wo.unsafe_globals, None),
+        ("tensors", report.tensors, lambda rows: tensors_bound(rows, max_name_chars)),
+        ("storages", report.storages, storages_bound)]
     bound = (fixed + _size([f.to_json() for f in report.findings])
              + _size([g.to_json() for g in report.globals]) + _size(wo.unsafe_globals)
              + (_size(hint) if hint else 0) + tensors_bound(report.tensors, max_name_chars)
@@ -126,8 +138,8 @@ def cap_report(report: Report, budget: int, max_name_chars: int) -> Finding | No
         return None
     room = budget - fixed - _RESERVE
     kept: list[tuple[str, int, int]] = []
-    for label, items in lists:
-        count, used = _fit(items, max(room, 0))
+    for label, items, bound in lists:
+        count, used = _fit(items, max(room, 0), bound)
         kept.append((label, count, len(items)))
         room -= used
     if all(count == total for _, count, total in kept) and (not hint or _size(hint) <= room):

@@ -59,6 +59,16 @@ def scan_source(source: ByteSource, *, options: ScanOptions | None = None,
     gc_was_enabled = gc.isenabled()
     gc.disable()
     try:
+        _analyze_guarded(source, an)
+        return _report(an, source, info, started)   # its size cap passes over every row
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+
+
+def _analyze_guarded(source: ByteSource, an: Analysis) -> None:
+    """`_analyze`, with every error but a SourceError turned into a finding."""
+    try:
         # remote sources keep what they fetched; a local one keeps its first small spans
         _analyze(ReadOnce(source) if source.random_access_cheap else source, an)
     except SourceError:
@@ -72,10 +82,6 @@ def scan_source(source: ByteSource, *, options: ScanOptions | None = None,
     except Exception as exc:  # a scanner bug must not crash the caller or hide the input
         log.exception("internal error while scanning %s", source.name)
         an.add(Code.INTERNAL_ERROR, f"{type(exc).__name__}: {exc}")
-    finally:
-        if gc_was_enabled:
-            gc.enable()
-    return _report(an, source, info, started)
 
 
 def _scan_nested(source: ByteSource, options: ScanOptions) -> Report:

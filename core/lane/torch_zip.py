@@ -80,7 +80,7 @@ _SCALARS = frozenset((str, int, float, bool, type(None), bytes, complex, StubGlo
 
 def try_torch_zip(source: ByteSource, an: Analysis) -> bool:
     """Fill `an` for a clean torch zip and return True; False (an untouched) otherwise."""
-    if not getattr(source, "random_access_cheap", False) or an.options.verify_crc:
+    if an.options.verify_crc:
         return False
     try:
         result = _judge(source, an)
@@ -102,14 +102,15 @@ class _Result:
     base: int                  # file offset of data.pkl
     tensors: list[TensorEntry]
     storages: list[StorageEntry]
-    entries: int               # zip entries (all local headers were read)
+    entries: int               # zip entries
+    locals_read: int           # local headers read (all of them on a local source)
 
     def commit(self, an: Analysis) -> None:
         toks = self.tokens
         vm = VmResult(root=None, complete=True, start=0, end=toks.end, protocol=toks.protocol,
                       globals=global_uses(toks, self.base))
         an.format = "torch-zip"
-        an.io["zip_local_headers_read"] = self.entries
+        an.io["zip_local_headers_read"] = self.locals_read
         an.io["zip_entries"] = self.entries
         assess(vm, an, allow=an.options.allow, record=self.pkl_name)
         if toks.protocol is not None and toks.protocol != 2:
@@ -135,6 +136,8 @@ def _judge(source: ByteSource, an: Analysis) -> _Result:
         raise Decline("no data.pkl")
     meta = _read_meta(source, arc, row_of)
     alignment = _check_container(meta)
+    arc.place_unread(alignment)   # a remote source read only the headers torch needs
+    arc.check_tiles()
     pkl_size = int(arc.size[pkl_row])
     if pkl_size > limits.max_pickle_bytes:
         raise Decline("pickle past the cap")
@@ -156,7 +159,8 @@ def _judge(source: ByteSource, an: Analysis) -> _Result:
     views = _Views(loaded, storages)
     tensors, used = _walk(loaded, views, storages, arc.names[pkl_row], limits)
     entries = storages.entries(used, arc)
-    return _Result(arc.names[pkl_row], loaded.tokens, base, tensors, entries, len(arc.names))
+    return _Result(arc.names[pkl_row], loaded.tokens, base, tensors, entries, len(arc.names),
+                   arc.locals_read)
 
 
 def _read_meta(source: ByteSource, arc: PlainArchive, row_of: Any) -> dict[str, bytes]:

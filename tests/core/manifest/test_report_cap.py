@@ -105,20 +105,22 @@ def test_globals_of_a_long_module_are_cut_and_counted() -> None:
 
 
 def test_a_small_cap_cuts_a_benign_checkpoint_to_a_prefix() -> None:
-    """A benign 200-tensor file under a 20 KB cap: the first rows, the same as uncapped."""
-    pkl = state_dict(*((f"layer.{i}.weight", v2(str(i))) for i in range(200)))
-    data = torch_layout("archive", pkl, [(str(i), b"\0" * 8) for i in range(200)])
-    _, full = _scan(data)
-    assert full["verdict"] == "safe" and len(full["tensors"]) == 200
-    tight = Limits(max_report_bytes=20_000)
+    """A benign 3,000-tensor file under a 600 KB cap: the first rows, the same as uncapped
+    (whole chunks taken by their bound, the last one row by row)."""
+    pkl = state_dict(*((f"layer.{i}.weight", v2(str(i))) for i in range(3_000)))
+    data = torch_layout("archive", pkl, [(str(i), b"\0" * 8) for i in range(3_000)])
+    full_size, full = _scan(data)
+    assert full["verdict"] == "safe" and len(full["tensors"]) == 3_000
+    assert full_size > 1_000_000
+    tight = Limits(max_report_bytes=600_000)
     size, cut = _scan(data, tight)
-    assert size <= 20_000
+    assert size <= 600_000
     assert cut["verdict"] == "suspicious"
     assert [f["code"] for f in cut["findings"]] == [Code.LIMIT_REPORT]
     kept = len(cut["tensors"])
-    assert 0 < kept < 200 and cut["tensors"] == full["tensors"][:kept]
+    assert 1024 < kept < 3_000 and cut["tensors"] == full["tensors"][:kept]
     assert cut["storages"] == full["storages"][:len(cut["storages"])]
-    assert f"{200 - kept} of 200 tensors" in cut["findings"][0]["message"]
+    assert f"{3_000 - kept:,} of 3,000 tensors" in cut["findings"][0]["message"]
 
 
 def test_a_cap_never_makes_an_unsafe_report_better() -> None:
