@@ -7,7 +7,6 @@ Field names are the public contract (README, "The report"); fields may be added,
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -92,6 +91,8 @@ NAME_MARK = "...#sha256:"
 
 
 def _digest(name: str) -> str:
+    import hashlib  # rare (a name past the cap): hashlib's OpenSSL start-up is a cold-start cost
+
     return hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()
 
 

@@ -10,7 +10,6 @@ npz) need the central directory and are decided by core.scan.
 
 from __future__ import annotations
 
-import pickletools
 import re
 import struct
 from dataclasses import dataclass
@@ -34,11 +33,12 @@ HEAD_BYTES = 4096
 
 # Opcodes a pickle without PROTO can start with: every opcode that takes nothing from the
 # stack (marks, constants, globals, persistent ids, EXT codes, ...; pickle.load runs such a
-# file as far as it goes), and a few that fail at once, kept so such bytes read as a pickle
-_PICKLE_FIRST_OPS = frozenset(op.code.encode("latin-1")[0] for op in pickletools.opcodes
-                              if not op.stack_before) | frozenset(
-    b"(.0123IJKLMNFGSTUVXcdehijklnoprqs}])\x88\x89\x8a\x8b\x8c\x8d\x8e\x8f"
-    b"\x90\x91\x92\x93\x94\x95\x96\x97\x98")
+# file as far as it goes), and a few that fail at once, kept so such bytes read as a pickle.
+# Written out, not built from pickletools at import (a cold start cost); tests/core/scan/
+# test_cold_start.py checks it against pickletools.opcodes.
+_PICKLE_FIRST_OPS = frozenset(
+    b"().0123BCFGIJKLMNPSTUVX]cdeghijklnopqrs}\x80\x82\x83\x84\x88\x89\x8a\x8b\x8c\x8d\x8e"
+    b"\x8f\x90\x91\x92\x93\x94\x95\x96\x97\x98")
 
 
 @dataclass(frozen=True, slots=True)
