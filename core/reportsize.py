@@ -47,8 +47,10 @@ def _text(strings: Iterable[str | None]) -> int:
 
 
 def _width(*numbers: Iterable[int]) -> int:
-    """Characters of the widest integer among `numbers`, a sign included."""
-    return len(str(max(map(abs, chain(*numbers)), default=0))) + 1
+    """At least the characters of the widest integer among `numbers`, a sign included (from
+    its bit length: `str` refuses ints past 4,300 digits)."""
+    bits = int(max(map(abs, chain(*numbers)), default=0)).bit_length()
+    return bits * 30103 // 100000 + 2
 
 
 def tensors_bound(tensors: Sequence[TensorEntry], max_name_chars: int) -> int:
