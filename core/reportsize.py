@@ -16,7 +16,7 @@ import json
 from collections.abc import Iterable, Sequence
 from itertools import chain
 from json.encoder import encode_basestring_ascii  # type: ignore[attr-defined]
-from operator import itemgetter
+from operator import countOf, itemgetter
 from typing import Any
 
 from ckptguard.core.errors import Code
@@ -28,7 +28,6 @@ from ckptguard.core.report import NAME_MARK, Finding, Report, StorageEntry, Tens
 _TENSOR_FIXED = len(json.dumps(TensorEntry("", [], "", [], [], 0, "", "", False, 0, 0, "",
                                            ()).to_json()))
 _STORAGE_FIXED = len(json.dumps(StorageEntry("", "", 0, 0, "", "", 0, False).to_json()))
-_NULL = 4         # per optional field: "null" where the fixed row has "" or 0
 _RESERVE = 4096   # the LIMIT_REPORT finding itself, with its counts
 
 
@@ -47,10 +46,11 @@ def _text(strings: Iterable[str | None]) -> int:
 
 
 def _width(*numbers: Iterable[int]) -> int:
-    """At least the characters of the widest integer among `numbers`, a sign included (from
-    its bit length: `str` refuses ints past 4,300 digits)."""
-    bits = int(max(map(abs, chain(*numbers)), default=0)).bit_length()
-    return bits * 30103 // 100000 + 2
+    """At least the characters of the widest integer among `numbers`, a sign included."""
+    widest = int(max(map(abs, chain(*numbers)), default=0))
+    if widest.bit_length() > 10_000:   # `str` refuses ints past 4,300 digits
+        return widest.bit_length() * 30103 // 100000 + 2
+    return len(str(widest)) + 1
 
 
 def tensors_bound(tensors: Sequence[TensorEntry], max_name_chars: int) -> int:
@@ -71,10 +71,12 @@ def tensors_bound(tensors: Sequence[TensorEntry], max_name_chars: int) -> int:
     segments = sum(map(len, column(1)))
     dims = sum(map(len, column(3))) + sum(map(len, column(4)))
     dim_width = _width(chain.from_iterable(column(3)), chain.from_iterable(column(4))) + 2
-    ints = _width(column(5), filter(None, column(9)), column(10))
+    # the fixed row has 0 for each integer and "" for each text: the rest, and null's extra
+    ints = _width(column(5)) + _width(filter(None, column(9))) + _width(column(10)) - 3
+    nulls = 2 * (countOf(column(6), None) + countOf(column(11), None)) + 3 * countOf(column(9), None)
     # dtype and kind come from small sets: the longest one per row
-    closed = sum(max(map(len, map(encode_basestring_ascii, set(column(i))))) for i in (2, 7))
-    return (n * (_TENSOR_FIXED + 2 + 3 * ints + 3 * _NULL + closed)
+    closed = sum(max(map(len, map(encode_basestring_ascii, set(column(i))))) - 2 for i in (2, 7))
+    return (n * (_TENSOR_FIXED + 2 + ints + closed) + nulls
             + 2 * name_text + 4 * segments + shortened * max_name_chars + dims * dim_width
             + _text(column(6)) + _text(column(11)) + 8 * sum(map(len, column(12))))
 
@@ -84,9 +86,14 @@ def storages_bound(storages: Sequence[StorageEntry]) -> int:
     n = len(storages)
     if not n:
         return 0
-    ints = _width(*(filter(None, map(itemgetter(i), storages)) for i in (2, 3, 6)))
-    return (n * (_STORAGE_FIXED + 2 + 3 * ints + 2 * _NULL)
-            + sum(_text(map(itemgetter(i), storages)) for i in (0, 1, 4, 5)))
+
+    def column(i: int) -> Iterable[Any]:
+        return map(itemgetter(i), storages)
+
+    ints = sum(_width(filter(None, column(i))) for i in (2, 3, 6)) - 3
+    nulls = 2 * countOf(column(5), None) + 3 * countOf(column(6), None)
+    return (n * (_STORAGE_FIXED + 2 + ints) + nulls
+            + sum(_text(column(i)) for i in (0, 1, 4, 5)))
 
 
 def _size(value: Any) -> int:
