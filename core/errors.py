@@ -146,8 +146,9 @@ class Code(StrEnum):
     TORCH_MISSING_RECORD = "TORCH_MISSING_RECORD", _H, _X, "a storage's data record is missing"
     TORCH_RECORD_SIZE_MISMATCH = ("TORCH_RECORD_SIZE_MISMATCH", _H, _S,
                                   "a storage record's size differs from numel x element size")
-    TORCH_OFFSET_MISMATCH = ("TORCH_OFFSET_MISMATCH", _C, _U,
-                             "calculated storage offset disagrees with the zip headers")
+    TORCH_OFFSET_MISMATCH = ("TORCH_OFFSET_MISMATCH", _L, _N,
+                             "a storage is not where torch's own writer would put it (another "
+                             "zip writer): torch.load reads it at its local header")
     TORCH_OFFSET_UNVERIFIABLE = ("TORCH_OFFSET_UNVERIFIABLE", _L, _N,
                                  "offsets cannot be chained (pre-2.7 file or compressed record)")
     TORCH_STORAGE_ORDER = ("TORCH_STORAGE_ORDER", _M, _S,
@@ -230,6 +231,35 @@ class Code(StrEnum):
     TIMEOUT = "TIMEOUT", _H, _X, "the scan took longer than the wall-clock limit"
     WORKER_CRASHED = "WORKER_CRASHED", _H, _X, "the scan worker died"
     INTERNAL_ERROR = "INTERNAL_ERROR", _H, _X, "a scanner bug: the input could not be judged"
+
+
+# Why each code that makes a file `unsafe` is evidence, not oddity: which two readers that
+# people really use would read different bytes or run different code. A code earns the
+# `unsafe` effect only with such a line (tests/test_errors.py checks the two agree); the
+# README prints them under the codes table (`ckptguard codes`).
+UNSAFE_EVIDENCE: dict[Code, str] = {
+    Code.ZIP_DUPLICATE_NAME: "torch (miniz: sorted central directory, binary search) and Python's "
+    "zipfile (the last entry of a name) can pick different entries of one name",
+    Code.ZIP_LOCAL_CENTRAL_MISMATCH: "torch (miniz) takes a record's data position from its local "
+    "header and its size from the central directory; zipfile refuses a differing name and streaming "
+    "unzippers take everything from the local header: each reads other bytes",
+    Code.ZIP_OVERLAPPING_ENTRIES: "central-directory readers (torch, zipfile) and streaming readers "
+    "that walk local headers one after another see different entries in the shared bytes",
+    Code.PICKLE_DANGEROUS_GLOBAL: "torch.load(weights_only=False) and pickle.load import and run it; "
+    "the weights-only unpickler refuses it",
+    Code.PICKLE_DANGEROUS_CALL: "torch.load(weights_only=False) and pickle.load make this call; the "
+    "weights-only unpickler refuses it",
+    Code.PICKLE_NESTED_DESERIALIZER: "pickle.load runs a second deserializer on bytes no weights-only "
+    "reader ever checks",
+    Code.PICKLE_POLYGLOT: "torch.load/np.load/safetensors read the file as weights; pickle.load (and "
+    "torch.load(weights_only=False) on a non-zip) runs its first bytes as a pickle that imports",
+    Code.PICKLE_GLOBAL_MUTATION: "pickle.load changes the loading process itself (sys.path, os.environ); "
+    "the weights-only unpickler refuses it",
+    Code.PT2_UNSAFE_TARGET: "torch.export.load builds a graph that calls a torch function outside "
+    "torch.ops; the verifier of an honest export never emits one",
+    Code.PT2_SYMPY_EVAL: "torch.export.load passes the text to sympy.sympify, which evaluates it as "
+    "Python",
+}
 
 
 class CkptError(Exception):

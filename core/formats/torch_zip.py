@@ -33,7 +33,7 @@ from ckptguard.core.zip.directory import (
     read_record,
 )
 from ckptguard.core.zip.layout import EOCD_SIZE
-from ckptguard.core.zip.offsets import chain_storage_offsets, verify_chain
+from ckptguard.core.zip.offsets import chain_storage_offsets, verify_chain, written_by_torch
 
 _MINIZ_HINT = (". This is an internal miniz error. If you are seeing this error, there is a high "
                "likelihood that your checkpoint file is corrupted. This can happen if the checkpoint "
@@ -271,6 +271,11 @@ def _storage_sites(source: ByteSource, directory: ZipDirectory, prefix: str,
         first_local = locals_.get(first.index) or read_local_headers(source, [first]).get(first.index)
         align = storage_alignment(meta)
         if first_local is not None:
+            if not written_by_torch(first_local, first.uncompressed_size, align):
+                # another writer: torch's arithmetic describes nothing here, so every local
+                # header is read and the chain checked against where torch really reads
+                locals_ = {**locals_, **read_local_headers(
+                    source, [e for e in present.values() if e.index not in locals_])}
             try:
                 chain = chain_storage_offsets(prefix, first_local.data_offset, storages, align,
                                               first_header_offset=first_local.offset)
