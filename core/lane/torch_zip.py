@@ -37,8 +37,10 @@ from ckptguard.core.errors import Code, Decline
 from ckptguard.core.formats.torch_zip import (
     KNOWN_RECORDS,
     META_RECORDS,
+    SERIALIZATION_ID,
     SMALL_RECORD_MAX,
     layout_error,
+    serialization_id_error,
     storage_alignment,
     version_error,
 )
@@ -164,7 +166,7 @@ def _judge(source: ByteSource, an: Analysis) -> _Result:
 
 
 def _read_meta(source: ByteSource, arc: PlainArchive, row_of: Any) -> dict[str, bytes]:
-    rows = {r: row for r in META_RECORDS if (row := row_of(r)) is not None}
+    rows = {r: row for r in (*META_RECORDS, SERIALIZATION_ID) if (row := row_of(r)) is not None}
     if any(arc.size[row] > SMALL_RECORD_MAX for row in rows.values()):
         raise Decline("large metadata record")
     spans = [(int(arc.data_offset[row]), int(arc.size[row])) for row in rows.values()]
@@ -174,8 +176,9 @@ def _read_meta(source: ByteSource, arc: PlainArchive, row_of: Any) -> dict[str, 
 def _check_container(meta: dict[str, bytes]) -> int:
     """torch.load's record checks pass and the general path would add no finding; returns
     the storage alignment."""
-    if version_error(meta) is not None or layout_error(meta) is not None:
-        raise Decline("a version, byteorder or alignment record torch refuses")
+    if version_error(meta) is not None or layout_error(meta) is not None \
+            or serialization_id_error(meta) is not None:
+        raise Decline("a version, byteorder, alignment or serialization id record torch refuses")
     if meta.get("byteorder", b"little") != b"little":
         raise Decline("big-endian storages")
     if not meta.get(".format_version", b"") >= b"1":

@@ -194,8 +194,9 @@ class _Reader:
 
 class _Emulator:
     def __init__(self, data: bytes, allow: frozenset[str], resolver: StorageResolver | None,
-                 base: int, limits: Limits, legacy: bool) -> None:
+                 base: int, limits: Limits, legacy: bool, persistent_load: bool = True) -> None:
         self.r = _Reader(data)
+        self.persistent_load = persistent_load
         self.allow = allow
         self.allowed = allow | BASELINE_USER_GLOBALS
         self.resolver = resolver
@@ -566,6 +567,10 @@ class _Emulator:
                     raise self.fail("Unmodelled", "not modelled: comparing a pid tag with 'storage'")
                 raise self.fail("UnpicklingError", "Only persistent_load of storage is allowed, but got "
                                 f"{class_repr(self.tname(pid[0]))}")
+        if not self.persistent_load:
+            # a bare `pickle_module.load(f)` (torch's legacy magic, protocol, sys_info and key
+            # list pickles): the restricted Unpickler's own persistent_load refuses every id
+            raise self.fail("UnpicklingError", "unsupported persistent id encountered")
         if type(pid) is int:
             raise self.fail("AssertionError", "saved_id must be a tuple, got int")
         if len(pid) == 0:
@@ -670,13 +675,18 @@ def _as_bytes(data: bytes | memoryview) -> bytes:
 
 def emulate(data: bytes | memoryview, *, allow: frozenset[str] = frozenset(),
             resolver: StorageResolver | None = None, base_offset: int = 0,
-            limits: Limits = DEFAULT_LIMITS, legacy: bool = False) -> WeightsOnlyResult:
+            limits: Limits = DEFAULT_LIMITS, legacy: bool = False,
+            persistent_load: bool = True) -> WeightsOnlyResult:
     """Replay torch.load(weights_only=True) on one pickle; never raises.
+
+    `persistent_load=False`: a pickle torch loads without its storage hook (the legacy
+    stream's magic number, protocol, sys_info and key list), where any persistent id fails.
 
     >>> emulate(b"\\x80\\x02}q\\x00.").loadable
     True
     """
-    em = _Emulator(_as_bytes(data), frozenset(allow), resolver, base_offset, limits, legacy)
+    em = _Emulator(_as_bytes(data), frozenset(allow), resolver, base_offset, limits, legacy,
+                   persistent_load)
     gc_was_enabled = gc.isenabled()
     gc.disable()  # millions of young container objects: the cyclic GC would rescan them all
     try:

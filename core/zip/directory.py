@@ -184,6 +184,9 @@ def eocd_search_start(size: int) -> int:
     return cur
 
 
+LOCATOR_PAST_END = "zip64 locator points past the end"   # miniz: "not a ZIP archive"
+
+
 def find_eocd(tail: bytes, tail_offset: int) -> int:
     """Absolute offset of the EOCD miniz picks: the last signature whose 22 bytes fit.
 
@@ -236,18 +239,20 @@ def read_directory(source: ByteSource, limits: Limits = DEFAULT_LIMITS) -> ZipDi
         if loc[:4] == ZIP64_LOCATOR_SIG:
             zip64 = True
             _, _, loc_offset, n_disks = ZIP64_LOCATOR_STRUCT.unpack(loc)
-            # miniz: try right before the locator first, then where the locator points
+            # miniz: the locator's offset must leave room for the record ("not a ZIP archive"),
+            # then it tries right before the locator, then where the locator points; with no
+            # record at either it reads the archive as zip32 (so does zipfile): measured
+            if loc_offset > size - ZIP64_EOCD_SIZE:
+                raise _fmt_err(Code.ZIP_BAD_EOCD, f"{LOCATOR_PAST_END} ({loc_offset})",
+                               eocd_offset - ZIP64_LOCATOR_SIZE)
             z64_offset = eocd_offset - ZIP64_LOCATOR_SIZE - ZIP64_EOCD_SIZE
             rec = _bytes_at(source, tail, tail_start, z64_offset, ZIP64_EOCD_SIZE)
             if rec[:4] != ZIP64_EOCD_SIG:
-                if loc_offset > size - ZIP64_EOCD_SIZE:
-                    raise _fmt_err(Code.ZIP_BAD_EOCD, f"zip64 locator points past the end ({loc_offset})",
-                                   eocd_offset - ZIP64_LOCATOR_SIZE)
                 z64_offset = loc_offset
                 rec = source.read_at(z64_offset, ZIP64_EOCD_SIZE)
-                if rec[:4] != ZIP64_EOCD_SIG:
-                    raise _fmt_err(Code.ZIP_BAD_EOCD, "no zip64 end-of-central-directory record",
-                                   z64_offset)
+            if rec[:4] != ZIP64_EOCD_SIG:
+                zip64, z64_offset = False, None
+        if zip64 and z64_offset is not None:
             (_, rec_size, _, _, disk, cd_disk, n_disk, n_total, cd_size,
              cd_offset) = ZIP64_EOCD_STRUCT.unpack(rec)
             if rec_size < ZIP64_EOCD_SIZE - 12:
