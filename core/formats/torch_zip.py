@@ -124,6 +124,16 @@ class ZipStorageResolver:
     directory: ZipDirectory
     prefix: str
     unreadable: Collection[int] = ()   # entries whose bytes miniz cannot reach
+    source: ByteSource | None = None   # to read small records torch reads as data (nested metadata)
+    locals_: Mapping[int, LocalHeader] | None = None
+
+    def read(self, key: str, nbytes: int) -> bytes | None:
+        """data/<key>'s bytes, when it holds exactly `nbytes` and torch could read it."""
+        entry = self.directory.find(f"{self.prefix}/data/{key}")
+        if self.source is None or entry is None or entry.uncompressed_size != nbytes \
+                or record_error(self.directory, self.prefix, f"data/{key}", self.unreadable):
+            return None
+        return read_record(self.source, self.directory, entry.name, locals_=self.locals_)
 
     def check(self, key: str, nbytes: int) -> TorchError | None:
         entry = self.directory.find(f"{self.prefix}/data/{key}")
@@ -188,7 +198,7 @@ def analyze_zip(source: ByteSource, directory: ZipDirectory, an: Analysis) -> No
         raise
     pkl_local = locals_.get(pkl_entry.index)
     base = pkl_local.data_offset if pkl_local is not None and pkl_entry.method == 0 else 0
-    resolver = ZipStorageResolver(directory, prefix, unreadable)
+    resolver = ZipStorageResolver(directory, prefix, unreadable, source, locals_)
     scan = scan_pickle(data, an, record=pkl_name, base_offset=base, resolver=resolver)
     for extra_pkl in ("constants.pkl",):  # TorchScript constants are pickles too
         ent = entry(extra_pkl)

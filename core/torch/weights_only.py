@@ -17,8 +17,9 @@ Assumptions (each a deliberate choice, see tests/differential):
 - a user-allowlisted class accepts its own NEWOBJ args and BUILD state (that is what
   allowlisting it asserts); a user-allowlisted *function*'s result type is unknown;
 - sparse invariant checks are off (torch's default), so sparse tensors are judged on
-  their shapes only; nested, wrapper-subclass and device-copy rebuilds are Unmodelled
-  (their checks depend on tensor data or on the host).
+  their shapes only; nested tensors (strided) through their metadata records, read by the
+  resolver; wrapper-subclass and device-copy rebuilds are Unmodelled (their checks depend
+  on the host).
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from ckptguard.core.torch.callables import (
     class_repr,
     global_kind,
     hash_error,
+    rebuild_nested_tensor,
     str_value,
     type_name,
 )
@@ -467,6 +469,9 @@ class _Emulator:
         if func.full in self.allowed and func.full not in ALLOWED_GLOBALS:
             return self.user_call(func, args, "REDUCE")
         try:
+            if func.full == "torch._utils._rebuild_nested_tensor":   # needs the metadata's bytes
+                return rebuild_nested_tensor(func, args, self.storage_of, "REDUCE", self.op_offset,
+                                             getattr(self.resolver, "read", None))
             return call_allowed(func, args, self.storage_of, "REDUCE", self.op_offset)
         except Fail as exc:
             raise self.fail(exc.type, exc.message) from None

@@ -266,6 +266,10 @@ def read_directory(source: ByteSource, limits: Limits = DEFAULT_LIMITS) -> ZipDi
         raise _fmt_err(Code.ZIP_MULTIPLE_DISKS,
                        f"multi-disk archive (disk {disk}, cd disk {cd_disk}, {n_disk}/{n_total} entries)",
                        eocd_offset)
+    end_of_cd = (z64_offset if z64_offset is not None else eocd_offset)
+    if cd_offset + cd_size > size:   # a directory the file cannot hold: miniz's error, not a cap
+        raise _fmt_err(Code.ZIP_BAD_EOCD, f"central directory [{cd_offset}, {cd_offset + cd_size}) "
+                       f"overruns the end records at {end_of_cd}", eocd_offset)
     if n_total > limits.max_zip_entries:
         raise LimitExceeded(Code.LIMIT_ENTRIES,
                             f"{n_total} zip entries exceed the cap of {limits.max_zip_entries}",
@@ -277,8 +281,7 @@ def read_directory(source: ByteSource, limits: Limits = DEFAULT_LIMITS) -> ZipDi
     if cd_size < n_total * CENTRAL_SIZE:
         raise _fmt_err(Code.ZIP_BAD_EOCD, f"{cd_size}-byte central directory cannot hold "
                        f"{n_total} entries", eocd_offset)
-    end_of_cd = (z64_offset if z64_offset is not None else eocd_offset)
-    if cd_offset + cd_size > size or cd_offset + cd_size > end_of_cd:
+    if cd_offset + cd_size > end_of_cd:
         raise _fmt_err(Code.ZIP_BAD_EOCD, f"central directory [{cd_offset}, {cd_offset + cd_size}) "
                        f"overruns the end records at {end_of_cd}", eocd_offset)
     cd = source.read_at(cd_offset, cd_size) if cd_size else b""

@@ -9,7 +9,8 @@ file, for every format, and `weights_only.error` is torch's first line. Two sets
   with bytes flipped in every header field, and non-checkpoints (text, JSON, random bytes).
 
 The one normalisation: for an `UnpicklingError` the report keeps the restricted unpickler's
-own line, which torch wraps in its "Weights only load failed..." text (`torch_first_line`).
+own line, which torch wraps in its "Weights only load failed..." text
+(tests/differential/torch_answer.py).
 torch names the file by the path it was given: the tests load by bare name from the
 file's folder, as the scan names it.
 """
@@ -22,7 +23,6 @@ import os
 import pickle
 import random
 import re
-import warnings
 import zipfile
 from collections import OrderedDict
 from collections.abc import Iterator
@@ -31,29 +31,15 @@ from pathlib import Path
 import pytest
 
 from ckptguard.core.scan import scan_path
+from tests.differential.torch_answer import torch_answer
 
 torch = pytest.importorskip("torch")
 np = pytest.importorskip("numpy")
 pytestmark = pytest.mark.torch
 
 
-def torch_first_line(exc: BaseException) -> str:
-    """torch's first line, the restricted unpickler's own for a wrapped UnpicklingError."""
-    text = str(exc)
-    if isinstance(exc, pickle.UnpicklingError) and text.startswith("Weights only load failed."):
-        marker = "WeightsUnpickler error: "
-        text = (text.split(marker, 1)[1] if marker in text else text.split("\n\n", 1)[1]).lstrip("\n")
-    return (text.splitlines() or [""])[0]
-
-
-def torch_answer(path: Path) -> tuple[bool, str | None, str | None]:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        try:
-            torch.load(path.name, weights_only=True)
-        except Exception as exc:   # torch's refusal is the oracle's answer
-            return False, type(exc).__name__, torch_first_line(exc)
-    return True, None, None
+def _torch(path: Path) -> tuple[bool, str | None, str | None]:
+    return torch_answer(path.name)   # by bare name from its folder, as the scan names it
 
 
 def _agree(path: Path) -> tuple[object, tuple[bool, str | None, str | None]]:
@@ -100,7 +86,7 @@ def test_every_format_answers_as_torch_load(tmp_path: Path, monkeypatch: pytest.
     monkeypatch.chdir(tmp_path)
     for name, path in _benign(tmp_path):
         report, ours = _agree(path)
-        assert ours == torch_answer(path), name
+        assert ours == _torch(path), name
         # the verdict follows the policy: no pickle, or only allowlisted globals
         assert report.weights_only.policy_accepts, (name, report.weights_only)   # type: ignore[attr-defined]
         assert report.verdict == "safe", (name, report.findings)   # type: ignore[attr-defined]
@@ -112,7 +98,7 @@ def test_a_pickle_the_policy_refuses_is_refused_in_the_unpicklers_words(
     path = tmp_path / "sklearn.pkl"
     path.write_bytes(pickle.dumps({"when": __import__("datetime").date(2024, 1, 2)}, protocol=2))
     report, ours = _agree(path)
-    assert ours == torch_answer(path)
+    assert ours == _torch(path)
     assert ours[0] is False and not report.weights_only.policy_accepts   # type: ignore[attr-defined]
     assert report.verdict == "suspicious"   # type: ignore[attr-defined]
 
@@ -179,7 +165,7 @@ def test_refusals_are_torchs_first_line(tmp_path: Path, monkeypatch: pytest.Monk
     for name, data in _refusals(tmp_path):
         path = tmp_path / f"{name}.pt"
         path.write_bytes(data)
-        want = torch_answer(path)
+        want = _torch(path)
         report, ours = _agree(path)
         n += 1
         if ours != want:
