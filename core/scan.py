@@ -148,6 +148,8 @@ def _answer_as_torch_load(source: ByteSource, an: Analysis, name: str | None) ->
     from ckptguard.core.torch.weights_only import TorchError
 
     policy = an.weights_only or WeightsOnly(loadable=False)
+    if policy.policy_accepts is not None:
+        return   # the format module gave both answers
     if an.format == "safetensors" and (name or "").endswith(".safetensors"):
         policy.policy_accepts = policy.loadable   # torch.load hands it to safetensors
         an.weights_only = policy

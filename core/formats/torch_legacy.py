@@ -31,7 +31,7 @@ from ckptguard.core.pickle.window import PickleWindow
 from ckptguard.core.state import Analysis
 from ckptguard.core.threats.assess import assess
 from ckptguard.core.torch.rules import storage_itemsize
-from ckptguard.core.torch.weights_only import TorchError, emulate
+from ckptguard.core.torch.weights_only import TorchError, WeightsOnlyResult, emulate
 from ckptguard.core.values import Call, Global, PersId
 
 MAGIC_NUMBER = 0x1950A86A20F9469CFC6C
@@ -49,14 +49,17 @@ _FIRST_WINDOW = 1 << 16     # most legacy pickles fit; the window doubles as nee
 _UNUSED_BLOCK_KEYS = 8       # findings for overwritten/missing blocks, then a summary
 
 
-def legacy_answer(source: ByteSource, an: Analysis) -> TorchError | None:
+def legacy_answer(source: ByteSource, an: Analysis, *,
+                  first: WeightsOnlyResult | None = None) -> TorchError | None:
     """What `torch.load(path, weights_only=True)` says about a file it reads as legacy (any
     file that does not start with a zip local header: a plain pickle, NumPy, safetensors
     under another name, text): its tar attempt, then the magic-number pickle, read with the
     restricted unpickler and no storage hook. None: it loads. Costs one pickle's bytes.
 
     A plain pickle fails once its first pickle is read ("Invalid magic number; corrupt
-    file?"), unless the restricted unpickler refused it first, in its own words.
+    file?"), unless the restricted unpickler refused it first, in its own words. `first`:
+    the first pickle already emulated (a pickle without persistent ids reads alike with
+    and without torch's storage hook), so a large plain pickle is not replayed twice.
     """
     head = source.read_at(0, min(source.size, 512))
     need = sniff.tar_bytes_needed(head)
@@ -69,13 +72,14 @@ def legacy_answer(source: ByteSource, an: Analysis) -> TorchError | None:
         return TorchError("RuntimeError", f"{source.name} is a zip archive (did you mean to use "
                           "torch.jit.load()?)", stop)
     limits = an.options.limits
-    window = PickleWindow(source, limits.max_pickle_bytes, first=_FIRST_WINDOW)
-    try:
-        window.pickle_end(0, Analysis(an.options))   # grow the window to its STOP
-    except LimitExceeded as exc:
-        return TorchError("LimitExceeded", exc.message, 0)
-    first = emulate(window.buf, allow=an.options.allow, limits=limits, legacy=True,
-                    persistent_load=False)
+    if first is None:
+        window = PickleWindow(source, limits.max_pickle_bytes, first=_FIRST_WINDOW)
+        try:
+            window.pickle_end(0, Analysis(an.options))   # grow the window to its STOP
+        except LimitExceeded as exc:
+            return TorchError("LimitExceeded", exc.message, 0)
+        first = emulate(window.buf, allow=an.options.allow, limits=limits, legacy=True,
+                        persistent_load=False)
     if first.error is not None:
         return first.error
     if not (type(first.root) is int and first.root == MAGIC_NUMBER):

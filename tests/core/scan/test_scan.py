@@ -82,3 +82,18 @@ def test_report_json_has_the_contract_fields() -> None:
         assert key in out
     assert out["scanner"]["policy"] == "torch-2.13-weights-only"
     assert set(out["weights_only"]) >= {"loadable", "error", "unsafe_globals"}
+
+
+def test_torchs_answer_on_a_plain_pickle_reuses_the_policy_replay(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pickle without persistent ids reads alike with and without torch's storage hook:
+    its first (only) pickle is not emulated a second time for torch.load's literal answer."""
+    from ckptguard.core.formats import torch_legacy
+
+    def twice(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the first pickle was emulated again")
+
+    monkeypatch.setattr(torch_legacy, "emulate", twice)
+    report = scan_source(BytesSource(pickle.dumps({"steps": list(range(1000))}, protocol=2)))
+    assert (report.weights_only.error, report.weights_only.policy_accepts) == \
+        ("Invalid magic number; corrupt file?", True)
