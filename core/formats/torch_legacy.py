@@ -72,14 +72,16 @@ def legacy_answer(source: ByteSource, an: Analysis, *,
         return TorchError("RuntimeError", f"{source.name} is a zip archive (did you mean to use "
                           "torch.jit.load()?)", stop)
     limits = an.options.limits
-    if first is None:
-        window = PickleWindow(source, limits.max_pickle_bytes, first=_FIRST_WINDOW)
-        try:
-            window.pickle_end(0, Analysis(an.options))   # grow the window to its STOP
-        except LimitExceeded as exc:
-            return TorchError("LimitExceeded", exc.message, 0)
-        first = emulate(window.buf, allow=an.options.allow, limits=limits, legacy=True,
+    # a window that grows only while the replay reads to its end: a NumPy or safetensors
+    # file stops torch within its first bytes, so its weights are never read
+    n, cap = min(source.size, _FIRST_WINDOW), min(source.size, limits.max_pickle_bytes)
+    while first is None:
+        first = emulate(source.read_at(0, n), allow=an.options.allow, limits=limits, legacy=True,
                         persistent_load=False)
+        if first.error is not None and first.read_to >= n and n < source.size:
+            if n >= cap:
+                return TorchError("LimitExceeded", f"the first pickle runs past {cap} bytes", 0)
+            first, n = None, min(n * 4, cap)
     if first.error is not None:
         return first.error
     if not (type(first.root) is int and first.root == MAGIC_NUMBER):

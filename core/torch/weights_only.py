@@ -144,6 +144,7 @@ class WeightsOnlyResult:
     storages: list[StorageUse] = field(default_factory=list)
     end: int = 0
     protocol: int | None = None
+    read_to: int = 0   # how far the replay read: bytes past it could not change the answer
 
 
 _U32 = struct.Struct("<I")
@@ -706,7 +707,8 @@ def emulate(data: bytes | memoryview, *, allow: frozenset[str] = frozenset(),
     finally:
         if gc_was_enabled:
             gc.enable()
-    return WeightsOnlyResult(False, error, None, em.storages, em.op_offset - base_offset, em.protocol)
+    return WeightsOnlyResult(False, error, None, em.storages, em.op_offset - base_offset, em.protocol,
+                             em.r.pos)
 
 
 _WALK_ARGS = {0x4A: 4, 0x4B: 1, 0x4D: 2, 0x47: 8, 0x68: 1, 0x6A: 4, 0x71: 1, 0x72: 4}
