@@ -97,3 +97,17 @@ def test_torchs_answer_on_a_plain_pickle_reuses_the_policy_replay(
     report = scan_source(BytesSource(pickle.dumps({"steps": list(range(1000))}, protocol=2)))
     assert (report.weights_only.error, report.weights_only.policy_accepts) == \
         ("Invalid magic number; corrupt file?", True)
+
+
+def test_torchs_answer_on_a_npy_reads_no_weights() -> None:
+    """torch.load refuses a .npy at its first byte (STACK_GLOBAL, "Unsupported operand 147"):
+    finding that out reads the head, not the array."""
+    import io
+
+    import numpy as np
+
+    buf = io.BytesIO()
+    np.save(buf, np.zeros(1_000_000, dtype=np.float32))
+    report = scan_source(BytesSource(buf.getvalue()))
+    assert (report.weights_only.error, report.verdict) == ("Unsupported operand 147", "safe")
+    assert report.io["bytes_read"] < 400_000
