@@ -23,6 +23,7 @@ import os
 import pickle
 import random
 import re
+import warnings
 import zipfile
 from collections import OrderedDict
 from collections.abc import Iterator
@@ -80,6 +81,11 @@ def _benign(folder: Path) -> Iterator[tuple[str, Path]]:
     yield "model.safetensors", folder / "model.safetensors"
     yield put("model.bin", (folder / "model.safetensors").read_bytes())   # the same bytes
     yield put("empty.safetensors.bin", b"\x02\x00\x00\x00\x00\x00\x00\x00{}")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        program = torch.export.export(torch.nn.Linear(2, 2), (torch.ones(1, 2),))
+        torch.export.save(program, folder / "model.pt2")   # torch.load: no data.pkl
+    yield "model.pt2", folder / "model.pt2"
 
 
 def test_every_format_answers_as_torch_load(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
