@@ -255,6 +255,12 @@ UNSAFE_EVIDENCE: dict[Code, str] = {
     "torch.load(weights_only=False) on a non-zip) runs its first bytes as a pickle that imports",
     Code.PICKLE_GLOBAL_MUTATION: "pickle.load changes the loading process itself (sys.path, os.environ); "
     "the weights-only unpickler refuses it",
+    Code.PICKLE_COMPUTED_IMPORT: "pickle.load imports whatever the computed name turns out to be; "
+    "no reader can tell beforehand, and no benign writer computes its imports",
+    Code.PICKLE_FRAME_DIVERGENCE: "pickle.load(file) honours FRAME boundaries and pickle.loads does "
+    "not: the two run different opcodes",
+    Code.REGION_PAYLOAD: "torch.load skips these bytes; zipfile, pickle.load, np.load or a loader "
+    "hook that reads the extra member runs the pickle in them",
     Code.PT2_UNSAFE_TARGET: "torch.export.load builds a graph that calls a torch function outside "
     "torch.ops; the verifier of an honest export never emits one",
     Code.PT2_SYMPY_EVAL: "torch.export.load passes the text to sympy.sympify, which evaluates it as "
