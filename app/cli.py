@@ -155,10 +155,15 @@ def _cmd_get(args: argparse.Namespace) -> int:
 
 def codes_markdown() -> str:
     """The README's table of finding codes, generated from `core.errors.Code`."""
-    from ckptguard.core.errors import Code
+    from ckptguard.core.errors import UNSAFE_EVIDENCE, Code
 
     rows = ["| code | severity | verdict effect | meaning |", "|---|---|---|---|"]
     rows += [f"| `{c.value}` | {c.severity} | {c.effect} | {c.doc} |" for c in Code]
+    rows += ["", "A code is `unsafe` only with evidence that two readers people really use would "
+             "read different bytes or run different code; a layout other writers produce (another "
+             "zip tool's extra fields, padding, order) is a note, not evidence. Per `unsafe` code, "
+             "the readers that disagree:", ""]
+    rows += [f"- `{c.value}`: {why}." for c, why in UNSAFE_EVIDENCE.items()]
     return "\n".join(rows) + "\n"
 
 

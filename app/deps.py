@@ -8,6 +8,7 @@ from typing import Annotated
 from fastapi import Depends, Request, Security
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
+from ckptguard.app.admission import key_identity
 from ckptguard.app.jobs import Jobs
 from ckptguard.app.metrics import Metrics
 from ckptguard.app.pipeline import ScanService
@@ -67,6 +68,14 @@ def require_api_key(request: Request,
 
 
 AuthDep = Depends(require_api_key)
+
+
+def caller_key(request: Request) -> str | None:
+    """The identity of the caller's API key (for per-key caps), None when keys are off.
+    Call after `require_api_key` accepted the request."""
+    if not request.app.state.settings.api_keys:
+        return None
+    return key_identity(request.headers.get("authorization", "").partition(" ")[2].strip())
 
 
 def _scans(request: Request) -> ScanService:

@@ -13,6 +13,7 @@ import importlib.util
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from fastapi import FastAPI
@@ -111,6 +112,21 @@ async def _sweep_periodically(upload_dir: Path, stale_age: float, interval: floa
             log.info("stale uploads removed", extra={"event": "sweep", "removed": removed})
 
 
+async def _retain_periodically(store: Store, days: float, interval: float) -> None:
+    """Retention (CKPTGUARD_RETENTION_DAYS): scans older than `days` are deleted, their analyses
+    with the last scan that references them. In a thread: a large analysis takes seconds to delete."""
+    while True:
+        try:
+            removed = await asyncio.to_thread(
+                store.sweep, datetime.now(UTC) - timedelta(days=days))
+        except Exception:
+            log.exception("the retention sweep failed")
+        else:
+            if removed:
+                log.info("old scans removed", extra={"event": "retention", "removed": removed})
+        await asyncio.sleep(interval)
+
+
 def create_app(settings: Settings | None = None) -> FastAPI:
     """Build the service. The database and the worker pool start in the lifespan."""
     settings = settings or Settings()
@@ -141,6 +157,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         await app.state.hub.start()
         sweeper = asyncio.create_task(_sweep_periodically(settings.resolved_upload_dir, stale_age,
                                                           settings.upload_sweep_seconds))
+        retainer = None
+        if settings.retention_days > 0:
+            retainer = asyncio.create_task(_retain_periodically(
+                store, settings.retention_days, settings.retention_sweep_seconds))
         log.info("started", extra={"event": "start", "version": __version__,
                                    "database": store.engine.url.render_as_string(hide_password=True),
                                    "workers": settings.workers, "stale_uploads_removed": swept})
@@ -148,6 +168,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             yield
         finally:
             sweeper.cancel()
+            if retainer is not None:
+                retainer.cancel()
             await app.state.hub.close()
             await jobs.close()
             await asyncio.to_thread(store.close)

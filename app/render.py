@@ -61,7 +61,10 @@ def format_summary(r: dict[str, Any]) -> str:
         f"{'UNREADABLE' if r.get('unreadable') else r['verdict'].upper()} "
         f"({r['format']}, {len(r['tensors'])} tensors, {len(r['storages'])} storages)",
         f"  weights_only load: {'yes' if wo['loadable'] else 'no'}"
-        + (f" — {wo['error_type']}: {wo['error']}" if wo["error"] else ""),
+        + (f" — {wo['error_type']}: {wo['error']}" if wo["error"] else "")
+        # a format torch.load does not read (pickle, NumPy, safetensors): the policy's answer
+        + ("; the weights-only policy accepts its pickles"
+           if not wo["loadable"] and wo.get("policy_accepts") else ""),
     ]
     flagged = [g for g in r["globals"] if g["status"] != "allowed"]
     if flagged:

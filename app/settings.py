@@ -53,6 +53,18 @@ class Settings(BaseSettings):
         "this, or 408 and the connection is closed")
     body_timeout_seconds: float = Field(default=30.0, gt=0, description="a JSON request body "
                                         "(not an upload) must arrive within this, or 408")
+    retention_days: float = Field(default=0.0, ge=0, description="scans older than this many days "
+                                  "are deleted (with analyses no other scan references); 0 = keep "
+                                  "for ever")
+    retention_sweep_seconds: float = Field(default=3600.0, gt=0,
+                                           description="how often retention_days is applied")
+    max_url_scans_in_flight: int | None = Field(
+        default=None, ge=1, description="URL scans running at once; past it: 503 + Retry-After; "
+        "default max(1, workers // 2), so uploads keep being scanned while a slow upstream holds "
+        "URL scans")
+    max_in_flight_per_key: int = Field(
+        default=16, ge=1, description="with API keys set: uploads being received plus URL scans "
+        "running for one key; past it: 503 KEY_BUSY + Retry-After")
     upload_min_rate: int = Field(default=16 * 1024, ge=1, description="bytes/s an upload must average "
                                  "after upload_grace_seconds, or it is cut with 408")
     upload_grace_seconds: float = Field(default=30.0, gt=0, description="before the upload rate counts")
@@ -109,3 +121,7 @@ class Settings(BaseSettings):
     @property
     def resolved_upload_dir(self) -> Path:
         return (self.upload_dir or self.data_dir / "uploads").resolve()
+
+    @property
+    def resolved_max_url_scans_in_flight(self) -> int:
+        return self.max_url_scans_in_flight or max(1, self.workers // 2)

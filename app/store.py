@@ -1,18 +1,25 @@
-"""Stored reports: save, get, list (cursor pagination), cache lookup.
+"""Stored reports: save, share, get, stream, list (cursor pagination), tensors, delete, sweep.
 
 Strategy: SQLAlchemy 2 Core on a synchronous engine; the async routes call it through
 `asyncio.to_thread`. The schema belongs to Alembic: `Store.open` runs `upgrade head`
 on start (a new SQLite file is created on first start), never `create_all`.
 The cache key is (sha256, scanner version, policy) where policy includes any extra
 allowlisted globals, since they change the verdict.
+
+Layout (app/tables.py): an *analysis* is a report stored compact (app/compact.py: head,
+manifest chunks, tensor keys) under its cache key; a *record* (`scans` row) is one request's
+id, time and source, referencing an analysis. A cache hit adds a record, never a copy; an
+analysis goes when its last record does (DELETE, retention sweep).
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import json
 import threading
 import uuid
+from collections.abc import Iterator
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -23,29 +30,71 @@ import sqlalchemy as sa
 from alembic import command
 from alembic.config import Config
 
-from ckptguard.app.tables import scans
+from ckptguard.app import compact
+from ckptguard.app.tables import analyses, manifest_chunks, scans, tensor_keys
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 MAX_PAGE = 500
 
 
 @dataclass(frozen=True, slots=True)
-class StoredScan:
+class Record:
+    """One request's scan: its own id, time and source, and the analysis it references."""
+
     id: str
     created_at: datetime
-    report: dict[str, Any]
+    cached: bool                 # the analysis was made for another request
+    source: dict[str, Any]
+    analysis_id: int
+    verdict: str
+    format: str
 
-    def to_json(self, *, cached: bool = False) -> dict[str, Any]:
-        """The report plus the service's fields (`id`, `created_at`, `cached`)."""
-        return {"id": self.id, "created_at": self.created_at.isoformat(), "cached": cached,
-                **self.report}
+    def fields(self) -> dict[str, Any]:
+        """The service's fields that precede the report in every answer."""
+        return {"id": self.id, "created_at": self.created_at.isoformat(), "cached": self.cached}
+
+
+@dataclass(frozen=True, slots=True)
+class Cached:
+    """A stored analysis that a request for the same bytes may reuse."""
+
+    analysis_id: int
+    record_id: str               # its newest record (the hub points at it)
+    source: dict[str, Any]       # that record's source
+    verdict: str
+    format: str
+    codes: list[str]             # finding codes for the log line (the most severe)
+
+
+@dataclass(frozen=True, slots=True)
+class Stored:
+    """A record with what serving its report needs; the manifest stays in the database."""
+
+    record: Record
+    head: bytes                  # compact.pack of the report without its manifest
+    tensor_count: int
+    storage_count: int
+    dtypes: list[dict[str, Any]]
+
+    def report_head(self) -> dict[str, Any]:
+        """The report without its manifest, under this record's own source."""
+        head: dict[str, Any] = compact.unpack(self.head)
+        if "source" in head:
+            head["source"] = self.record.source
+        return head
 
 
 @dataclass(frozen=True, slots=True)
 class Page:
-    items: list[StoredScan]
+    items: list[dict[str, Any]]
     next_cursor: str | None
 
+
+@dataclass(frozen=True, slots=True)
+class TensorPage:
+    items: list[dict[str, Any]]
+    next_cursor: str | None
+    total: int
 
 def policy_key(policy: str, allow: frozenset[str]) -> str:
     """The policy part of the cache key: extra allowed globals change verdicts."""
@@ -103,49 +152,152 @@ class Store:
         with self.engine.connect() as conn:
             conn.execute(sa.text("SELECT 1"))
 
-    def save(self, report: dict[str, Any], *, policy: str, cacheable: bool) -> StoredScan:
-        """Store one report (a `Report.to_json()` dict) and return it with its new id."""
-        source = report.get("source") or {}
+    def save(self, report: dict[str, Any], *, policy: str, cacheable: bool) -> Record:
+        """Store one fresh report (a `Report.to_json()` dict) as an analysis and this
+        request's record of it. Runs in a thread: encoding a 500,000-row manifest takes seconds."""
+        source = dict(report.get("source") or {})
+        ready = compact.prepare(report)              # encoding and compression: before the lock
         now = datetime.now(UTC)
-        row = {
-            "id": uuid.uuid4().hex, "created_at": now,
-            "sha256": source.get("sha256") or "", "size": int(source.get("size") or 0),
-            "source_kind": str(source.get("kind") or ""),
-            "source_name": (source.get("name") or None) and str(source["name"])[:512],
-            "format": str(report.get("format", "unknown")),
-            "verdict": str(report.get("verdict", "invalid")),
-            "scanner_version": str(report.get("scanner", {}).get("version", "")),
-            "policy": policy, "cacheable": cacheable, "report": report,
-        }
         with self._write_lock, self.engine.begin() as conn:
-            conn.execute(scans.insert().values(**row))
-        return StoredScan(id=str(row["id"]), created_at=now, report=report)
+            analysis_id = compact.insert_analysis(conn, LAYOUT, ready, policy=policy,
+                                                  cacheable=cacheable, now=now)
+            return _insert_record(conn, analysis_id, source, cached=False, now=now,
+                                  verdict=str(report.get("verdict", "invalid")),
+                                  fmt=str(report.get("format", "unknown")))
 
-    def get(self, scan_id: str) -> StoredScan | None:
-        with self.engine.connect() as conn:
-            row = conn.execute(sa.select(scans.c.id, scans.c.created_at, scans.c.report)
-                               .where(scans.c.id == scan_id)).first()
-        return None if row is None else _stored(row)
+    def share(self, cached: Cached, source: dict[str, Any]) -> Record | None:
+        """A new record of a stored analysis for another request: a few hundred bytes. None
+        when the analysis was deleted since it was found (its last record went meanwhile)."""
+        try:
+            with self._write_lock, self.engine.begin() as conn:
+                if conn.execute(sa.select(analyses.c.id)
+                                .where(analyses.c.id == cached.analysis_id)).first() is None:
+                    return None
+                return _insert_record(conn, cached.analysis_id, source, cached=True,
+                                      now=datetime.now(UTC), verdict=cached.verdict, fmt=cached.format)
+        except sa.exc.IntegrityError:      # deleted between the check and the insert (PostgreSQL)
+            return None
 
-    def find_cached(self, sha256: str, scanner_version: str, policy: str) -> StoredScan | None:
-        """The newest cacheable report for this cache key, if any."""
-        query = (sa.select(scans.c.id, scans.c.created_at, scans.c.report)
-                 .where(scans.c.sha256 == sha256, scans.c.scanner_version == scanner_version,
-                        scans.c.policy == policy, scans.c.cacheable.is_(True))
-                 .order_by(scans.c.seq.desc()).limit(1))
+    def find_cached(self, sha256: str, scanner_version: str, policy: str) -> Cached | None:
+        """The newest cacheable analysis for this cache key, if any."""
+        a = analyses
+        query = (sa.select(a.c.id, a.c.summary, scans.c.id.label("record_id"), scans.c.source,
+                           scans.c.verdict, scans.c.format)
+                 .join(scans, scans.c.analysis_id == a.c.id)
+                 .where(a.c.sha256 == sha256, a.c.scanner_version == scanner_version,
+                        a.c.policy == policy, a.c.cacheable.is_(True))
+                 .order_by(a.c.id.desc(), scans.c.seq.desc()).limit(1))
         with self.engine.connect() as conn:
             row = conn.execute(query).first()
-        return None if row is None else _stored(row)
+        if row is None:
+            return None
+        return Cached(analysis_id=row.id, record_id=row.record_id, source=dict(row.source),
+                      verdict=row.verdict, format=row.format,
+                      codes=[str(f.get("code")) for f in row.summary.get("findings", [])])
 
-    def list(self, *, sha256: str | None = None, verdict: str | None = None, limit: int = 50,
-             cursor: str | None = None) -> Page:
-        """Newest first; `cursor` is the opaque `next_cursor` of the previous page."""
+    def get(self, scan_id: str) -> Stored | None:
+        a = analyses
+        query = (sa.select(*_RECORD_COLUMNS, a.c.head, a.c.tensor_count, a.c.storage_count, a.c.dtypes)
+                 .join(a, a.c.id == scans.c.analysis_id).where(scans.c.id == scan_id))
+        with self.engine.connect() as conn:
+            row = conn.execute(query).first()
+        if row is None:
+            return None
+        return Stored(record=_record(row), head=row.head, tensor_count=row.tensor_count,
+                      storage_count=row.storage_count, dtypes=row.dtypes)
+
+    def part_rows(self, analysis_id: int, part: str, rows: int) -> Iterator[str]:
+        """The `rows` rows of one manifest part as `compact.stream` wants them, read a few
+        chunks per query, each on a connection of its own (a slow reader holds none)."""
+        expected = -(-rows // compact.ROWS_PER_CHUNK)
+        mc = manifest_chunks
+        for first in range(0, expected, CHUNKS_PER_READ):
+            query = (sa.select(mc.c.data).where(mc.c.analysis_id == analysis_id, mc.c.part == part,
+                                                mc.c.chunk >= first, mc.c.chunk < first + CHUNKS_PER_READ)
+                     .order_by(mc.c.chunk))
+            with self.engine.connect() as conn:
+                blobs = conn.execute(query).scalars().all()
+            if len(blobs) != min(CHUNKS_PER_READ, expected - first):
+                # deleted while it was being read: end the response broken, not short and valid
+                raise LookupError(f"analysis {analysis_id} lost its {part} while it was read")
+            for blob in blobs:
+                yield ",".join(compact.chunk_lines(blob))
+
+    def tensors(self, stored: Stored, *, limit: int = 100, cursor: str | None = None,
+                name: str | None = None, dtype: str | None = None, sort: str = "index") -> TensorPage:
+        """One page of the manifest's tensors, filtered and sorted in SQL on tensor_keys, the
+        rows read from their chunks. Raise ValueError on a cursor not issued for this sort.
+
+        Plan: when at most FEW_MATCHES rows match (the dtype counts tell; a name filter reads
+        at most FEW_MATCHES + 1 of them to find out), their keys are read and sorted here, and
+        their number is the total. Otherwise an index in the sort's order (with the dtype
+        first when it is filtered) is walked to the page, and a name filter's total is one
+        count. A name's matches are then common, so the walk is usually short; it is long
+        when they all sort last (the limit of this plan: bench/service_bench.py)."""
+        column, descending = TENSOR_SORTS[sort]
+        tk = tensor_keys
+        limit = max(1, min(limit, MAX_TENSOR_PAGE))
+        analysis_id = stored.record.analysis_id
+        after = decode_tensor_cursor(cursor, sort) if cursor else None
+        key = tk.c[column]
+        where: list[sa.ColumnElement[bool]] = [tk.c.analysis_id == analysis_id]
+        if name:
+            pattern = "%" + name.replace("/", "//").replace("%", "/%").replace("_", "/_") + "%"
+            # SQLite's LIKE ignores ASCII case already (lower() would double the scan's cost)
+            where.append(tk.c.name.like(pattern, escape="/") if self.engine.dialect.name == "sqlite"
+                         else tk.c.name.ilike(pattern, escape="/"))
+        with self.engine.connect() as conn:
+            few: list[Any] | None = None
+            if dtype is not None:
+                total = next((d["count"] for d in stored.dtypes if d["dtype"] == dtype), 0)
+                if total <= FEW_MATCHES:
+                    few = list(conn.execute(sa.select(tk.c.idx, key.label("key"))
+                                            .where(*where, tk.c.dtype == dtype)))
+                    total = len(few)
+                else:
+                    where.append(tk.c.dtype == dtype)
+            elif not name:
+                total = stored.tensor_count
+            if name and few is None:
+                found = list(conn.execute(sa.select(tk.c.idx, key.label("key")).where(*where)
+                                          .limit(FEW_MATCHES + 1)))
+                if len(found) <= FEW_MATCHES:
+                    few, total = found, len(found)
+                else:
+                    total = conn.execute(sa.select(sa.func.count()).where(*where)).scalar_one()
+            if few is not None:
+                ordered = sorted(((h.key, h.idx) for h in few), reverse=descending)
+                if after is not None:
+                    ordered = [h for h in ordered if (h < after if descending else h > after)]
+                hits = ordered[:limit + 1]
+            else:
+                if after is not None:
+                    position = after[1] if column == "idx" else sa.tuple_(after[0], after[1])
+                    current = tk.c.idx if column == "idx" else sa.tuple_(key, tk.c.idx)
+                    where.append(current < position if descending else current > position)
+                order = [key, tk.c.idx] if column != "idx" else [tk.c.idx]
+                hits = [(h.key, h.idx) for h in conn.execute(
+                    sa.select(tk.c.idx, key.label("key")).where(*where)
+                    .order_by(*(c.desc() if descending else c for c in order)).limit(limit + 1))]
+            more = len(hits) > limit
+            hits = hits[:limit]
+            rows = _tensor_rows(conn, analysis_id, [idx for _key, idx in hits])
+        nxt = encode_tensor_cursor(sort, *hits[-1]) if more else None
+        return TensorPage(items=[{"index": idx, **rows[idx]} for _key, idx in hits], next_cursor=nxt,
+                          total=int(total))
+
+    def list(self, *, sha256: str | None = None, verdict: str | None = None,
+             fmt: str | None = None, limit: int = 50, cursor: str | None = None) -> Page:
+        """Summaries, newest first; `cursor` is the opaque `next_cursor` of the previous page."""
         limit = max(1, min(limit, MAX_PAGE))
-        query = sa.select(scans.c.seq, scans.c.id, scans.c.created_at, scans.c.report)
+        query = (sa.select(scans.c.seq, *_RECORD_COLUMNS, analyses.c.summary)
+                 .join(analyses, analyses.c.id == scans.c.analysis_id))
         if sha256:
             query = query.where(scans.c.sha256 == sha256)
         if verdict:
             query = query.where(scans.c.verdict == verdict)
+        if fmt:
+            query = query.where(scans.c.format == fmt)
         if cursor:
             query = query.where(scans.c.seq < decode_cursor(cursor))
         query = query.order_by(scans.c.seq.desc()).limit(limit + 1)
@@ -154,26 +306,131 @@ class Store:
         more = len(rows) > limit
         rows = rows[:limit]
         nxt = encode_cursor(rows[-1].seq) if more and rows else None
-        return Page(items=[_stored(r) for r in rows], next_cursor=nxt)
+        return Page(items=[_summary(r) for r in rows], next_cursor=nxt)
 
+    def delete(self, scan_id: str) -> bool:
+        """Delete one record, and its analysis when no other record references it."""
+        with self._write_lock, self.engine.begin() as conn:
+            analysis_id = conn.execute(sa.delete(scans).where(scans.c.id == scan_id)
+                                       .returning(scans.c.analysis_id)).scalar()
+            if analysis_id is None:
+                return False
+            _drop_unreferenced(conn, [analysis_id])
+        return True
+
+    def sweep(self, older_than: datetime) -> int:
+        """Delete the records created before `older_than` (retention) and the analyses no
+        record references any more; return how many records went."""
+        with self._write_lock, self.engine.begin() as conn:
+            gone = conn.execute(sa.delete(scans).where(scans.c.created_at < older_than)
+                                .returning(scans.c.analysis_id)).scalars().all()
+            _drop_unreferenced(conn, sorted(set(gone)))
+        return len(gone)
 
 def encode_cursor(seq: int) -> str:
-    return base64.urlsafe_b64encode(f"s{seq}".encode()).decode().rstrip("=")
+    return _b64(f"s{seq}")
 
 
 def decode_cursor(cursor: str) -> int:
     """Raise ValueError on anything that `encode_cursor` did not produce."""
-    try:
-        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode("ascii")
-    except (binascii.Error, UnicodeDecodeError) as exc:
-        raise ValueError("bad cursor") from exc
+    raw = _unb64(cursor)
     if not raw.startswith("s") or not raw[1:].isdigit() or len(raw) > 20:
         raise ValueError("bad cursor")
     return int(raw[1:])
 
 
-def _stored(row: Any) -> StoredScan:
-    created = row.created_at
-    if created.tzinfo is None:  # SQLite returns naive datetimes
-        created = created.replace(tzinfo=UTC)
-    return StoredScan(id=row.id, created_at=created, report=row.report)
+MAX_TENSOR_PAGE = 1000
+FEW_MATCHES = 20_000          # tensors.__doc__: up to this many matches are sorted here
+CHUNKS_PER_READ = 32
+LAYOUT = compact.Layout(analyses, manifest_chunks, tensor_keys)
+# sort name -> (tensor_keys column, descending); ties go by index in the sort's direction,
+# so `-x` is exactly `x` reversed and every order is one index scan
+TENSOR_SORTS: dict[str, tuple[str, bool]] = {
+    "index": ("idx", False), "nbytes": ("nbytes", False), "-nbytes": ("nbytes", True),
+    "data_offset": ("data_offset", False), "-data_offset": ("data_offset", True)}
+
+_RECORD_COLUMNS = (scans.c.id, scans.c.created_at, scans.c.cached, scans.c.source,
+                   scans.c.analysis_id, scans.c.verdict, scans.c.format)
+
+
+def _aware(created: datetime) -> datetime:
+    return created if created.tzinfo is not None else created.replace(tzinfo=UTC)  # SQLite: naive
+
+
+def _record(row: Any) -> Record:
+    return Record(id=row.id, created_at=_aware(row.created_at), cached=bool(row.cached),
+                  source=dict(row.source), analysis_id=row.analysis_id, verdict=row.verdict,
+                  format=row.format)
+
+
+def _summary(row: Any) -> dict[str, Any]:
+    record = _record(row)
+    return {**record.fields(), "source": record.source, "format": record.format,
+            "verdict": record.verdict, **row.summary}
+
+
+def _insert_record(conn: sa.Connection, analysis_id: int, source: dict[str, Any], *,
+                   cached: bool, now: datetime, verdict: str, fmt: str) -> Record:
+    record = Record(id=uuid.uuid4().hex, created_at=now, cached=cached, source=source,
+                    analysis_id=analysis_id, verdict=verdict, format=fmt)
+    conn.execute(scans.insert().values(
+        id=record.id, created_at=now, analysis_id=analysis_id, cached=cached, source=source,
+        sha256=str(source.get("sha256") or ""), size=int(source.get("size") or 0),
+        source_kind=str(source.get("kind") or ""),
+        source_name=(source.get("name") or None) and str(source["name"])[:512],
+        format=fmt, verdict=verdict))
+    return record
+
+
+def _drop_unreferenced(conn: sa.Connection, analysis_ids: list[int]) -> None:
+    """Delete the analyses among `analysis_ids` that no record references (children first)."""
+    if not analysis_ids:
+        return
+    kept = set(conn.execute(sa.select(scans.c.analysis_id).distinct()
+                            .where(scans.c.analysis_id.in_(analysis_ids))).scalars())
+    orphans = [a for a in analysis_ids if a not in kept]
+    for batch in compact.batches(orphans, 500):
+        conn.execute(sa.delete(tensor_keys).where(tensor_keys.c.analysis_id.in_(batch)))
+        conn.execute(sa.delete(manifest_chunks).where(manifest_chunks.c.analysis_id.in_(batch)))
+        conn.execute(sa.delete(analyses).where(analyses.c.id.in_(batch)))
+
+
+def _tensor_rows(conn: sa.Connection, analysis_id: int, indices: list[int]) -> dict[int, Any]:
+    """The manifest rows at `indices`, decoded from the chunks that hold them."""
+    size = compact.ROWS_PER_CHUNK
+    wanted = sorted({i // size for i in indices})
+    mc = manifest_chunks
+    lines: dict[int, list[str]] = {}
+    for batch in compact.batches(wanted, 200):
+        for number, blob in conn.execute(
+                sa.select(mc.c.chunk, mc.c.data).where(mc.c.analysis_id == analysis_id,
+                                                       mc.c.part == "tensors", mc.c.chunk.in_(batch))):
+            lines[number] = compact.chunk_lines(blob)
+    return {i: json.loads(lines[i // size][i % size]) for i in indices}
+
+
+def _b64(text: str) -> str:
+    return base64.urlsafe_b64encode(text.encode()).decode().rstrip("=")
+
+
+def _unb64(cursor: str) -> str:
+    try:
+        return base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode("ascii")
+    except (binascii.Error, UnicodeDecodeError) as exc:
+        raise ValueError("bad cursor") from exc
+
+
+def encode_tensor_cursor(sort: str, key: int, index: int) -> str:
+    return _b64(f"t{sort}:{key}:{index}")
+
+
+def decode_tensor_cursor(cursor: str, sort: str) -> tuple[int, int]:
+    """(sort key, index) after which the next page starts; ValueError unless `encode_tensor_cursor`
+    made it for this sort."""
+    prefix = f"t{sort}:"
+    raw = _unb64(cursor)
+    key, _, index = raw[len(prefix):].partition(":")
+    if not raw.startswith(prefix) or len(raw) > 80 or not index.isdigit() \
+            or not key.lstrip("-").isdigit():
+        raise ValueError("bad cursor")
+    return int(key), int(index)

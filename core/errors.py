@@ -40,7 +40,7 @@ _U, _X, _S, _N = Effect.UNSAFE, Effect.INVALID, Effect.SUSPICIOUS, Effect.NONE
 
 
 class Code(StrEnum):
-    """Stable finding/error codes. Layer prefix: SOURCE_ ZIP_ PICKLE_ TORCH_ ST_ NPY_ PT2_ LIMIT_."""
+    """Stable finding/error codes. Layer prefix: SOURCE_ ZIP_ PICKLE_ TORCH_ ST_ NPY_ PT2_ REGION_ LIMIT_."""
 
     severity: Severity
     effect: Effect
@@ -146,8 +146,9 @@ class Code(StrEnum):
     TORCH_MISSING_RECORD = "TORCH_MISSING_RECORD", _H, _X, "a storage's data record is missing"
     TORCH_RECORD_SIZE_MISMATCH = ("TORCH_RECORD_SIZE_MISMATCH", _H, _S,
                                   "a storage record's size differs from numel x element size")
-    TORCH_OFFSET_MISMATCH = ("TORCH_OFFSET_MISMATCH", _C, _U,
-                             "calculated storage offset disagrees with the zip headers")
+    TORCH_OFFSET_MISMATCH = ("TORCH_OFFSET_MISMATCH", _L, _N,
+                             "a storage is not where torch's own writer would put it (another "
+                             "zip writer): torch.load reads it at its local header")
     TORCH_OFFSET_UNVERIFIABLE = ("TORCH_OFFSET_UNVERIFIABLE", _L, _N,
                                  "offsets cannot be chained (pre-2.7 file or compressed record)")
     TORCH_STORAGE_ORDER = ("TORCH_STORAGE_ORDER", _M, _S,
@@ -200,6 +201,17 @@ class Code(StrEnum):
     PT2_SYMPY_EVAL = ("PT2_SYMPY_EVAL", _C, _U,
                       "an expr_str that runs code when sympy.sympify evaluates it")
 
+    # --- regions: bytes torch does not read, but another reader would (core.regions) ---------
+    REGION_PAYLOAD = ("REGION_PAYLOAD", _C, _U,
+                      "bytes torch skips (appended, prepended, a gap, an unreferenced, refused or "
+                      "extra member) hold a pickle with a dangerous global or call: a payload "
+                      "that another reader would run")
+    REGION_PICKLE = ("REGION_PICKLE", _M, _S,
+                     "bytes torch skips hold a pickle that imports globals (none known dangerous)")
+    REGION_UNJUDGED = ("REGION_UNJUDGED", _M, _S,
+                       "a region torch skips was left unjudged: the scan's region budget ran out "
+                       "or its pickle runs past the scanner's limits")
+
     # --- limits and the sandbox ------------------------------------------------------------
     LIMIT_OPCODES = "LIMIT_OPCODES", _H, _X, "too many pickle opcodes"
     LIMIT_MEMO = "LIMIT_MEMO", _H, _X, "too many memo entries"
@@ -213,10 +225,47 @@ class Code(StrEnum):
     LIMIT_HEADER = "LIMIT_HEADER", _H, _X, "a format header is larger than allowed"
     LIMIT_NAME = ("LIMIT_NAME", _L, _N,
                   "tensor names or paths longer than the cap were shortened to a prefix and a digest")
+    LIMIT_REPORT = ("LIMIT_REPORT", _M, _S,
+                    "the report would pass its size cap: its lists were cut, the rest counted")
     RESOURCE_LIMIT = "RESOURCE_LIMIT", _H, _X, "the scan worker ran out of memory or CPU time"
     TIMEOUT = "TIMEOUT", _H, _X, "the scan took longer than the wall-clock limit"
     WORKER_CRASHED = "WORKER_CRASHED", _H, _X, "the scan worker died"
     INTERNAL_ERROR = "INTERNAL_ERROR", _H, _X, "a scanner bug: the input could not be judged"
+
+
+# Why each code that makes a file `unsafe` is evidence, not oddity: which two readers that
+# people really use would read different bytes or run different code. A code earns the
+# `unsafe` effect only with such a line (tests/test_errors.py checks the two agree); the
+# README prints them under the codes table (`ckptguard codes`).
+UNSAFE_EVIDENCE: dict[Code, str] = {
+    Code.ZIP_DUPLICATE_NAME: "torch (miniz: sorted central directory, binary search) and Python's "
+    "zipfile (the last entry of a name) can pick different entries of one name",
+    Code.ZIP_LOCAL_CENTRAL_MISMATCH: "torch (miniz) takes a record's data position from its local "
+    "header and its size from the central directory; zipfile refuses a differing name and streaming "
+    "unzippers take everything from the local header: each reads other bytes",
+    Code.ZIP_OVERLAPPING_ENTRIES: "central-directory readers (torch, zipfile) and streaming readers "
+    "that walk local headers one after another see different entries in the shared bytes",
+    Code.PICKLE_DANGEROUS_GLOBAL: "torch.load(weights_only=False) and pickle.load import and run it; "
+    "the weights-only unpickler refuses it",
+    Code.PICKLE_DANGEROUS_CALL: "torch.load(weights_only=False) and pickle.load make this call; the "
+    "weights-only unpickler refuses it",
+    Code.PICKLE_NESTED_DESERIALIZER: "pickle.load runs a second deserializer on bytes no weights-only "
+    "reader ever checks",
+    Code.PICKLE_POLYGLOT: "torch.load/np.load/safetensors read the file as weights; pickle.load (and "
+    "torch.load(weights_only=False) on a non-zip) runs its first bytes as a pickle that imports",
+    Code.PICKLE_GLOBAL_MUTATION: "pickle.load changes the loading process itself (sys.path, os.environ); "
+    "the weights-only unpickler refuses it",
+    Code.PICKLE_COMPUTED_IMPORT: "pickle.load imports whatever the computed name turns out to be; "
+    "no reader can tell beforehand, and no benign writer computes its imports",
+    Code.PICKLE_FRAME_DIVERGENCE: "pickle.load(file) honours FRAME boundaries and pickle.loads does "
+    "not: the two run different opcodes",
+    Code.REGION_PAYLOAD: "torch.load skips these bytes; zipfile, pickle.load, np.load or a loader "
+    "hook that reads the extra member runs the pickle in them",
+    Code.PT2_UNSAFE_TARGET: "torch.export.load builds a graph that calls a torch function outside "
+    "torch.ops; the verifier of an honest export never emits one",
+    Code.PT2_SYMPY_EVAL: "torch.export.load passes the text to sympy.sympify, which evaluates it as "
+    "Python",
+}
 
 
 class CkptError(Exception):

@@ -13,6 +13,7 @@ inspected for a second pickle.
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,15 +55,18 @@ class PickleScan:
 def scan_pickle(data: bytes | memoryview, an: Analysis, *, record: str | None,
                 base_offset: int, resolver: StorageResolver | None = None,
                 legacy: bool = False, start: int = 0,
-                check_trailing: bool = True) -> PickleScan:
-    """Judge one pickle at data[start:]; findings and globals go into `an`."""
+                check_trailing: bool = True, persistent_load: bool = True) -> PickleScan:
+    """Judge one pickle at data[start:]; findings and globals go into `an`.
+
+    `persistent_load=False`: torch loads this pickle without its storage hook (see
+    `weights_only.emulate`)."""
     opts = an.options
     view = bytes(memoryview(data)[start:]) if start else bytes(data)
     base = base_offset + start
     scan = None if legacy or an.options.engine == "exact" else _try_fast(view, an, resolver, base)
     if scan is None:
         wo = emulate(view, allow=opts.allow, resolver=resolver, base_offset=base,
-                     limits=opts.limits, legacy=legacy)
+                     limits=opts.limits, legacy=legacy, persistent_load=persistent_load)
         vm = run_vm(view, base_offset=base, limits=opts.limits)
         root = wo.root if wo.error is None else vm.root
         end = vm.end if vm.complete else wo.end
@@ -213,7 +217,12 @@ def set_weights_only(an: Analysis, error: TorchError | None, pickle_data: bytes 
     )
     if error is not None:
         message = first_line(error.message) or error.type
+        if _PRINTF_MARKER.search(message):   # torch's own text, quoted as torch prints it
+            message += " (torch's words: it prints its format string unformatted)"
         an.add(Code.TORCH_WEIGHTS_ONLY_FAILED, f"{error.type}: {message}", offset=error.offset)
+
+
+_PRINTF_MARKER = re.compile(r"%l?[dsu]")
 
 
 def numpy_dtype_classes(calls: list[Call]) -> set[str]:

@@ -23,6 +23,14 @@ class Limits:
     # one tensor's name (and path): longer ones keep a prefix + "...#sha256:" + the digest of
     # the whole name (LIMIT_NAME), so names under a deep memoized key stay small
     max_name_chars: int = 512
+    # The report's JSON (`json.dumps(report.to_json())`) may take the floor, plus so much per
+    # byte the scan read (the metadata: pickles, directories, headers) and per tensor, never
+    # more than max_report_bytes; past it the lists are cut with counts (LIMIT_REPORT,
+    # suspicious at best). Issue 14's target: 8 x pickle bytes + 2 KiB per tensor.
+    max_report_bytes: int = 256 * 1024 * 1024
+    report_floor_bytes: int = 64 * 1024
+    report_bytes_per_byte_read: int = 8
+    report_bytes_per_tensor: int = 2048
     max_bytes_read: int = 1024 * 1024 * 1024     # what a scan may read (not the file size)
     # a remote body slower than this on average, once the grace period has passed, is cut:
     # a server trickling one byte every few seconds never trips a per-read timeout
@@ -63,6 +71,14 @@ class Limits:
     max_pt2_expr_chars: int = 4096              # one symbolic expression (sympy would eval it)
     max_pt2_graph_depth: int = 32               # nested higher-order subgraphs
     max_pt2_violations: int = 200               # verifier violations listed per model
+    # Regions torch skips (appended/prepended bytes, gaps, unreferenced or refused records,
+    # extra members) are sniffed and, when pickle-like, judged (core.regions). One budget per
+    # scan: past it a region is REGION_UNJUDGED (suspicious), never read whole.
+    max_region_bytes: int = 64 * 1024 * 1024     # bytes all regions of one scan may read
+    max_regions: int = 4096                     # regions judged per scan (sniffed, at least)
+    max_region_depth: int = 2                   # a zip in a region in a zip in a region
+    region_sniff_bytes: int = 4096              # first read of a region: decides what it is
+    max_region_findings: int = 8                # REGION_UNJUDGED listed one by one, then a summary
     # Findings: past these a report lists one summary per code instead of every repeat, so
     # its size follows the anomalies' kinds, not their count.
     max_zip_findings_per_code: int = 50         # zip forensics

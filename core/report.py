@@ -7,7 +7,6 @@ Field names are the public contract (README, "The report"); fields may be added,
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -94,6 +93,8 @@ NAME_MARK = "...#sha256:"
 
 
 def _digest(name: str) -> str:
+    import hashlib  # rare (a name past the cap): hashlib's OpenSSL start-up is a cold-start cost
+
     return hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()
 
 
@@ -175,13 +176,20 @@ class StorageEntry(NamedTuple):
 
 @dataclass(slots=True)
 class WeightsOnly:
-    """What torch.load(weights_only=True) of torch 2.13 would do with the file."""
+    """What torch.load(weights_only=True) of torch 2.13 would do with the file.
+
+    `loadable`/`error`/`error_type` are torch.load's literal answer on this very file, for
+    every format (a plain pickle fails with "Invalid magic number; corrupt file?"). The
+    policy question, would the restricted unpickler accept every pickle inside (true when
+    there are none), is `policy_accepts`; for torch's own formats the two are one answer.
+    """
 
     loadable: bool
     error: str | None = None             # first line of torch's message, in torch's words
     error_type: str | None = None        # exception class torch raises (UnpicklingError, ...)
     unsafe_globals: list[str] = field(default_factory=list)
     safe_globals_hint: str | None = None  # ready-to-paste torch.serialization.safe_globals([...])
+    policy_accepts: bool | None = None   # None until the scan ends: then `loadable` unless set
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -244,7 +252,7 @@ _VERDICT_OF: dict[Effect, Verdict] = {Effect.NONE: "safe", Effect.SUSPICIOUS: "s
 def decide_verdict(findings: list[Finding], weights_only_loadable: bool) -> Verdict:
     """Worst effect wins: unsafe > invalid > suspicious > safe.
 
-    `safe` needs both: the allowlist accepted everything (weights-only loadable) and
+    `safe` needs both: the allowlist accepted everything (`weights_only.policy_accepts`) and
     no finding has an effect. A knowledge-base gap can therefore never make a file safe.
     """
     worst = Effect.NONE

@@ -24,6 +24,7 @@ from ckptguard.core.errors import CkptError, Code, LimitExceeded, SourceError
 from ckptguard.core.filemap import finish as finish_regions
 from ckptguard.core.io.source import ByteSource, BytesSource, FileSource, ReadOnce
 from ckptguard.core.report import FormatName, Report, SourceInfo, WeightsOnly, bound_names, decide_verdict
+from ckptguard.core.reportsize import cap_report, report_budget
 from ckptguard.core.sniff import HEAD_BYTES, Sniffed, sniff
 from ckptguard.core.state import Analysis, ScanOptions
 
@@ -59,8 +60,24 @@ def scan_source(source: ByteSource, *, options: ScanOptions | None = None,
     gc_was_enabled = gc.isenabled()
     gc.disable()
     try:
+        _analyze_guarded(source, an, info)
+        return _report(an, source, info, started)   # its size cap passes over every row
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+
+
+def _analyze_guarded(source: ByteSource, an: Analysis, info: SourceInfo) -> None:
+    """`_analyze` and torch.load's answer, with every error but a SourceError turned into a
+    finding."""
+    try:
         # remote sources keep what they fetched; a local one keeps its first small spans
-        _analyze(ReadOnce(source) if source.random_access_cheap else source, an)
+        read = ReadOnce(source) if source.random_access_cheap else source
+        try:
+            _analyze(read, an)
+        finally:
+            if source.size:
+                _answer_as_torch_load(read, an, info.name or source.name)
     except SourceError:
         raise
     except CkptError as exc:
@@ -72,10 +89,6 @@ def scan_source(source: ByteSource, *, options: ScanOptions | None = None,
     except Exception as exc:  # a scanner bug must not crash the caller or hide the input
         log.exception("internal error while scanning %s", source.name)
         an.add(Code.INTERNAL_ERROR, f"{type(exc).__name__}: {exc}")
-    finally:
-        if gc_was_enabled:
-            gc.enable()
-    return _report(an, source, info, started)
 
 
 def _scan_nested(source: ByteSource, options: ScanOptions) -> Report:
@@ -106,15 +119,61 @@ def _report(an: Analysis, source: ByteSource, info: SourceInfo, started: float) 
     an.findings = findings
     wo = an.weights_only or WeightsOnly(loadable=False, error="not a torch checkpoint",
                                         error_type=None)
-    verdict = decide_verdict(an.findings, wo.loadable)
-    return Report(
-        source=info, format=an.format, verdict=verdict, weights_only=wo,
+    if wo.policy_accepts is None:
+        wo.policy_accepts = wo.loadable
+    report = Report(
+        source=info, format=an.format, weights_only=wo,
         globals=sorted(an.globals.values(), key=lambda g: (g.offset or 0, g.full)),
         findings=an.findings, tensors=an.tensors, storages=an.storages,
         io={"bytes_read": source.stats.bytes_read, "requests": source.stats.requests, **an.io},
         timings_ms={"total": round((time.perf_counter() - started) * 1000, 3)},
         scanner_version=__version__, extra=an.extra, regions=regions, regions_omitted=omitted,
     )
+    limits = an.options.limits
+    cut = cap_report(report, report_budget(limits, source.stats.bytes_read, len(an.tensors)),
+                     max_name)
+    report.verdict = decide_verdict([*an.findings, *([cut] if cut else [])], wo.policy_accepts)
+    return report
+
+
+# torch's own formats, by the reader torch.load dispatches to (FORMATS.md §0: the first four
+# bytes): the format module's answer is torch's when the file takes that reader.
+TORCH_ZIP_FORMATS = frozenset(("torch-zip", "torchscript"))
+TORCH_LEGACY_FORMATS = frozenset(("torch-legacy", "torch-tar"))
+
+
+def _answer_as_torch_load(source: ByteSource, an: Analysis, name: str | None) -> None:
+    """Put torch.load's literal answer on this file in `weights_only`, and the format's own
+    policy answer in `policy_accepts` (FORMATS.md §0: a path ending in .safetensors -> the
+    safetensors library; zip magic -> the zip reader; anything else -> the legacy reader).
+    A file of another format (pickle, NumPy, safetensors, .pt2, any zip) gets torch's answer
+    from the reader it really takes."""
+    from ckptguard.core.formats.torch_legacy import legacy_answer
+    from ckptguard.core.formats.torch_zip import zip_answer
+    from ckptguard.core.judge import first_line
+    from ckptguard.core.torch.weights_only import TorchError
+
+    policy = an.weights_only or WeightsOnly(loadable=False)
+    if policy.policy_accepts is not None:
+        return   # the format module gave both answers
+    if an.format == "safetensors" and (name or "").endswith(".safetensors"):
+        policy.policy_accepts = policy.loadable   # torch.load hands it to safetensors
+        an.weights_only = policy
+        return
+    zip_magic = source.read_at(0, min(4, source.size)) == b"PK\x03\x04"
+    if an.format in (TORCH_ZIP_FORMATS if zip_magic else TORCH_LEGACY_FORMATS):
+        return   # the format module replayed torch's own reader
+    try:
+        error = zip_answer(source, an) if zip_magic else legacy_answer(source, an)
+    except SourceError:
+        raise
+    except CkptError as exc:   # never a guessed "loadable"
+        error = TorchError("Unmodelled", f"not modelled: torch.load on this file ({exc.message})")
+    an.weights_only = WeightsOnly(
+        loadable=error is None, error=first_line(error.message) if error else None,
+        error_type=error.type if error else None, unsafe_globals=policy.unsafe_globals,
+        safe_globals_hint=policy.safe_globals_hint,
+        policy_accepts=policy.loadable if an.weights_only is not None else False)
 
 
 def _analyze(source: ByteSource, an: Analysis) -> None:
@@ -130,7 +189,15 @@ def _analyze(source: ByteSource, an: Analysis) -> None:
     else:
         head, tail = source.read_many([(0, head_n), (size - tail_n, tail_n)])
     kind = sniff(head, tail, size)
-    _dispatch(source, kind, an)
+    try:
+        _dispatch(source, kind, an)
+    except SourceError:
+        raise
+    except CkptError as exc:   # the layer stopped; the regions it declared are still judged
+        an.add_error(exc)
+    from ckptguard.core.regions.judge import judge_regions
+
+    judge_regions(source, an)
 
 
 def _dispatch(source: ByteSource, kind: Sniffed, an: Analysis) -> None:
@@ -212,6 +279,8 @@ def _analyze_polyglot_zip(source: ByteSource, an: Analysis) -> None:
     an.add(Code.ZIP_PREPENDED_DATA, f"a {len(directory.entries)}-entry zip archive is "
            f"appended to this {an.format} file (polyglot)", offset=directory.cd_offset)
     torch_zip.check_generic_zip(source, directory, an)
+    # the bytes before the archive are this file itself, judged as its format from byte 0
+    an.regions = [r for r in an.regions if r.kind != "prefix"]
 
 
 def _analyze_zip(source: ByteSource, an: Analysis, kind: Sniffed) -> None:
@@ -224,11 +293,12 @@ def _analyze_zip(source: ByteSource, an: Analysis, kind: Sniffed) -> None:
     try:
         directory = read_directory(source, an.options.limits)
     except CkptError as exc:
-        if exc.code is Code.ZIP_NO_EOCD:   # torch.load opens it as a zip too, and fails
-            from ckptguard.core.formats.torch_zip import unreadable_zip_error
-            from ckptguard.core.judge import set_weights_only
+        from ckptguard.core.formats.torch_zip import zip_open_error
+        from ckptguard.core.judge import set_weights_only
 
-            set_weights_only(an, unreadable_zip_error(source.size), None)
+        error = zip_open_error(exc, source.size)   # torch.load opens it as a zip too, and fails
+        if error is not None and source.read_at(0, 4) == b"PK\x03\x04":
+            set_weights_only(an, error, None)
         raise
     if len(directory.entries) > an.options.limits.max_zip_entries:
         raise LimitExceeded(Code.LIMIT_ENTRIES, f"{len(directory.entries)} zip entries")

@@ -10,7 +10,6 @@ npz) need the central directory and are decided by core.scan.
 
 from __future__ import annotations
 
-import pickletools
 import re
 import struct
 from dataclasses import dataclass
@@ -34,11 +33,12 @@ HEAD_BYTES = 4096
 
 # Opcodes a pickle without PROTO can start with: every opcode that takes nothing from the
 # stack (marks, constants, globals, persistent ids, EXT codes, ...; pickle.load runs such a
-# file as far as it goes), and a few that fail at once, kept so such bytes read as a pickle
-_PICKLE_FIRST_OPS = frozenset(op.code.encode("latin-1")[0] for op in pickletools.opcodes
-                              if not op.stack_before) | frozenset(
-    b"(.0123IJKLMNFGSTUVXcdehijklnoprqs}])\x88\x89\x8a\x8b\x8c\x8d\x8e\x8f"
-    b"\x90\x91\x92\x93\x94\x95\x96\x97\x98")
+# file as far as it goes), and a few that fail at once, kept so such bytes read as a pickle.
+# Written out, not built from pickletools at import (a cold start cost); tests/core/scan/
+# test_cold_start.py checks it against pickletools.opcodes.
+_PICKLE_FIRST_OPS = frozenset(
+    b"().0123BCFGIJKLMNPSTUVX]cdeghijklnopqrs}\x80\x82\x83\x84\x88\x89\x8a\x8b\x8c\x8d\x8e"
+    b"\x8f\x90\x91\x92\x93\x94\x95\x96\x97\x98")
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,15 +65,22 @@ def sniff(head: bytes, tail: bytes, size: int) -> Sniffed:
         return Sniffed("torch-legacy", zip_at_tail)
     if _looks_like_safetensors(head, size):
         return Sniffed("safetensors", zip_at_tail)
-    if head[:1] == b"\x80" and len(head) > 1 and head[1] <= 5:
-        return Sniffed("pickle", zip_at_tail, f"protocol {head[1]}")
-    if head[:1] and head[0] in _PICKLE_FIRST_OPS:
-        return Sniffed("pickle", zip_at_tail, "no PROTO: protocol 0/1 or not a pickle")
+    if looks_like_pickle(head):
+        return Sniffed("pickle", zip_at_tail, f"protocol {head[1]}" if head[:1] == b"\x80"
+                       else "no PROTO: protocol 0/1 or not a pickle")
     if zip_at_tail:
         # a zip whose first record is not at offset 0 (prepended data): torch would take
         # the legacy path and fail; zip readers would see an archive.
         return Sniffed("zip", True, "prepended data before the first record")
     return Sniffed("unknown", zip_at_tail)
+
+
+def looks_like_pickle(head: bytes) -> bool:
+    """Would `pickle.load` start running these bytes? PROTO 0-5, or an opcode a pickle
+    without PROTO can start with. A cheap first test: the VM decides what the bytes do."""
+    if head[:1] == b"\x80":
+        return len(head) > 1 and head[1] <= 5
+    return bool(head[:1]) and head[0] in _PICKLE_FIRST_OPS
 
 
 def _looks_like_safetensors(head: bytes, size: int) -> bool:

@@ -9,7 +9,7 @@ frozen report lets every layer report what it saw even when a later layer fails.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from ckptguard.core.errors import CkptError, Code, Severity
 from ckptguard.core.filemap import Region, ZipSpans
@@ -23,6 +23,9 @@ from ckptguard.core.report import (
     TensorEntry,
     WeightsOnly,
 )
+
+if TYPE_CHECKING:
+    from ckptguard.core.regions.region import Region
 
 # Which engines may decide. Every engine gives the same report (tests/agreement proves it on
 # every generated corpus); they differ only in speed:
@@ -55,6 +58,9 @@ class Analysis:
     io: dict[str, int] = field(default_factory=dict)   # read-side counts beyond the source's
     # digests of the inline pickles (`pickle.loads(b'...')`) already interpreted: each once
     nested_pickles: set[bytes] = field(default_factory=set)
+    # byte ranges torch skips but another reader would parse: judged by core.regions at the
+    # end of the scan, under one budget
+    regions: list[Region] = field(default_factory=list)
     # findings per (code, severity) so far; past Limits.max_findings_per_code they are only
     # counted, and `capped_findings` adds one summary per code (a report's size follows the
     # kinds of anomaly, not their count; the verdict keeps the first ones of each severity)

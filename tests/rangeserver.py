@@ -270,11 +270,19 @@ def _make_handler(server: RangeServer) -> type[BaseHTTPRequestHandler]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """`python -m tests.rangeserver FILE...`: serve files as /<basename>, print the port."""
+    """`python -m tests.rangeserver [--latency SECONDS] FILE...`: serve files as /<basename>,
+    print the port; --latency delays every answer (a far server, for bench/cost_bench.py)."""
     import sys
 
-    paths = [Path(p) for p in (argv if argv is not None else sys.argv[1:])]
+    args = list(argv if argv is not None else sys.argv[1:])
+    latency = 0.0
+    if args[:1] == ["--latency"]:
+        latency = float(args[1])
+        del args[:2]
+    paths = [Path(p) for p in args]
     srv = RangeServer({f"/{p.name}": p for p in paths}).start()
+    if latency:
+        srv.set_fault("stall", stall_seconds=latency)
     print(srv.port, flush=True)
     try:
         sys.stdin.read()  # serve until stdin closes

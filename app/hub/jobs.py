@@ -256,8 +256,8 @@ class HubRunner:
             if row.lfs_sha256 and (hit := await asyncio.to_thread(
                     self.store.find_cached, row.lfs_sha256, __version__, self.policy)) is not None:
                 await asyncio.to_thread(self.db.file_state, row.id, state="done", error=None,
-                                        verdict=hit.report.get("verdict"), report_id=hit.id,
-                                        container=_container(hit.report))
+                                        verdict=hit.verdict, report_id=hit.record_id,
+                                        container=_container({"format": hit.format}))
                 self._count_file("done", reused=True)
                 return
             url = self.client.resolve_url(job.repo_type, job.repo, job.revision, row.path)

@@ -9,21 +9,27 @@ is not plain ASCII credentials (SOURCE_BAD_REQUEST: checked here, before a worke
 502 for an upstream that answers wrongly (SOURCE_HTTP, SOURCE_CHANGED, SOURCE_SHORT_READ).
 Refusals and upstream failures are generic to the client (what a name resolves to, or
 whether a port is open, is not the caller's to learn); the details go to the log.
-A malicious file is not an error: 200 with verdict unsafe.
+A malicious file is not an error: 200 with verdict unsafe. In the service the report is
+stored like an upload's (its own id, never reused from the cache) and streamed back.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Request, Response
 from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
+from ckptguard.app.deps import caller_key
 from ckptguard.app.jobs import PoolFull
-from ckptguard.app.pipeline import queue_full
+from ckptguard.app.pipeline import ScanService, queue_full
 from ckptguard.app.problems import AppError
+from ckptguard.app.responses import record_report
+from ckptguard.app.routes.scans import ScanReport
 from ckptguard.app.ssrf import guard_from_settings
 from ckptguard.core.errors import Code, LimitExceeded, SourceError
 from ckptguard.core.io.http import check_request
@@ -76,25 +82,34 @@ def _scan_sync(url: str, headers: dict[str, str] | None, guard: UrlGuard,
     return scan_url(url, headers=headers, guard=guard, options=options).to_json()
 
 
-@router.post("/scan/url")
-async def scan_url(body: ScanUrlRequest, request: Request) -> dict[str, Any]:
+@router.post("/scan/url", response_model=ScanReport)
+async def scan_url(body: ScanUrlRequest, request: Request) -> Response:
     guard = _guard(request)
+    scans = getattr(request.app.state, "scans", None)
+    # a URL scan waits on someone else's server: capped apart from uploads (app/admission.py)
+    slot = (scans.admission.slot("url", caller_key(request)) if isinstance(scans, ScanService)
+            else contextlib.nullcontext())
     try:
         guard.check_url(body.url)
         headers = check_request(body.url, body.headers) or None
         jobs = getattr(request.app.state, "jobs", None)
-        if jobs is not None and hasattr(jobs, "scan_url"):
-            report: dict[str, Any] = await jobs.scan_url(body.url, headers, guard, wait=False)
-        else:
-            report = await run_in_threadpool(_scan_sync, body.url, headers, guard,
-                                             _options(request))
+        with slot:
+            if jobs is not None and hasattr(jobs, "scan_url"):
+                report: dict[str, Any] = await jobs.scan_url(body.url, headers, guard,
+                                                             _options(request).allow, wait=False)
+            else:
+                report = await run_in_threadpool(_scan_sync, body.url, headers, guard,
+                                                 _options(request))
     except SourceError as exc:
         raise _problem_for(exc) from exc
     except LimitExceeded as exc:  # the byte budget ran out before the scan could start
         raise AppError(str(exc.code), 413, exc.message) from exc
     except PoolFull as exc:
-        scans = getattr(request.app.state, "scans", None)
         if scans is not None:
             scans.metrics.rejected.inc()
         raise queue_full(str(exc)) from exc
-    return report
+    if not isinstance(scans, ScanService):   # the router alone (no store): answer, keep nothing
+        return Response(await run_in_threadpool(lambda: JSONResponse(report).body),
+                        media_type="application/json")
+    answer = await scans.keep(report)
+    return record_report(scans.store, answer.record, answer.report)

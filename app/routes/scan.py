@@ -5,10 +5,12 @@ from __future__ import annotations
 import logging
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 from starlette.requests import ClientDisconnect
 
-from ckptguard.app.deps import AuthDep, ScanServiceDep, SettingsDep
+from ckptguard.app.deps import AuthDep, ScanServiceDep, SettingsDep, caller_key
+from ckptguard.app.responses import record_report
+from ckptguard.app.routes.scans import ScanReport
 from ckptguard.app.uploads import paced, receive_upload
 
 log = logging.getLogger("ckptguard.scan")
@@ -17,15 +19,15 @@ router = APIRouter(tags=["scan"], dependencies=[AuthDep])
 TEST_HOOK_HEADER = "x-ckptguard-test-hook"
 
 
-@router.post("/scan", openapi_extra={"requestBody": {"content": {"multipart/form-data": {
-    "schema": {"type": "object", "required": ["file"],
-               "properties": {"file": {"type": "string", "format": "binary"}}}}}}})
+@router.post("/scan", response_model=ScanReport, openapi_extra={"requestBody": {"content": {
+    "multipart/form-data": {"schema": {"type": "object", "required": ["file"],
+                                       "properties": {"file": {"type": "string", "format": "binary"}}}}}}})
 async def scan_upload(request: Request, settings: SettingsDep, scans: ScanServiceDep) -> Response:
     """Scan an uploaded checkpoint. A malicious file is a 200 with `verdict: unsafe`.
 
     503 (`SCAN_QUEUE_FULL`, with Retry-After) when max_queued_scans are already waiting."""
     scans.refuse_if_full()   # before a byte of the body is read
-    with scans.upload_slot():
+    with scans.admission.slot("upload", caller_key(request)):
         try:
             upload = await receive_upload(
                 request.headers.get("content-type"), request.headers.get("content-length"),
@@ -41,7 +43,7 @@ async def scan_upload(request: Request, settings: SettingsDep, scans: ScanServic
     try:
         info = {"kind": "upload", "name": upload.filename, "size": upload.size,
                 "sha256": upload.sha256}
-        # A JSONResponse skips FastAPI's jsonable_encoder walk: reports are JSON already.
-        return JSONResponse(await scans.scan_file(str(upload.path), info, hook=hook, wait=False))
+        answer = await scans.scan_file(str(upload.path), info, hook=hook, wait=False)
+        return record_report(scans.store, answer.record, answer.report)   # encoded in a thread
     finally:
         upload.discard()

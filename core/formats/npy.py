@@ -19,7 +19,6 @@ numpy's own checks, so such shapes and their huge strides never reach the manife
 from __future__ import annotations
 
 import struct
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,7 +27,8 @@ import numpy as np
 from ckptguard.core.errors import CkptError, Code, FormatError, LimitExceeded, SourceError
 from ckptguard.core.filemap import add_region
 from ckptguard.core.formats.pyliteral import LiteralError, parse_literal
-from ckptguard.core.io.source import ByteSource, BytesSource, IoStats, check_span
+from ckptguard.core.io.source import ByteSource, BytesSource, WindowSource
+from ckptguard.core.regions.region import declare_entry
 from ckptguard.core.report import TensorEntry, WeightsOnly
 from ckptguard.core.state import Analysis
 from ckptguard.core.zip.checks import check_archive
@@ -65,29 +65,6 @@ class NpyHeader:
         return n
 
 
-class _Window:
-    """A byte range of another source seen as a whole source (an npz member in place)."""
-
-    def __init__(self, source: ByteSource, base: int, size: int, name: str) -> None:
-        self._source, self._base, self._size = source, base, size
-        self.name = name
-        self.stats: IoStats = source.stats
-        self.random_access_cheap: bool = getattr(source, "random_access_cheap", True)
-
-    @property
-    def size(self) -> int:
-        return self._size
-
-    def read_at(self, offset: int, nbytes: int) -> bytes:
-        check_span(self._size, offset, nbytes)
-        return self._source.read_at(self._base + offset, nbytes)
-
-    def read_many(self, spans: Sequence[tuple[int, int]]) -> list[bytes]:
-        for off, n in spans:
-            check_span(self._size, off, n)
-        return self._source.read_many([(self._base + off, n) for off, n in spans])
-
-
 def analyze(source: ByteSource, an: Analysis) -> None:
     """A whole `.npy` file."""
     an.format = "numpy"
@@ -120,6 +97,9 @@ def analyze_zip(source: ByteSource, directory: ZipDirectory, an: Analysis) -> No
                 # np.load hands such members back as raw bytes: not an array
                 an.add(Code.NPY_BAD_HEADER, f"npz member {name} is not a .npy array", record=name,
                        offset=base)
+                declare_entry(an.regions, "npz member", header_offset=entry.header_offset,
+                              compressed_size=entry.compressed_size, method=entry.method,
+                              record=name)
                 loadable = False
                 continue
             # each header is capped, but thousands of them still cost seconds and gigabytes:
@@ -147,7 +127,7 @@ def _member_source(source: ByteSource, directory: ZipDirectory, entry: ZipEntry,
     if (local is not None and entry.method == 0 and not entry.flags & 0x0041
             and entry.compressed_size == entry.uncompressed_size
             and local.data_offset + entry.compressed_size <= source.size):
-        return _Window(source, local.data_offset, entry.compressed_size, entry.name), \
+        return WindowSource(source, local.data_offset, entry.compressed_size, entry.name), \
             local.data_offset
     data = read_record(source, directory, entry.name, max_nbytes=max_nbytes)
     return BytesSource(data, name=entry.name), None

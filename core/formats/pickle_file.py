@@ -1,16 +1,18 @@
 """A plain pickle file (joblib/scikit-learn style, or any `pickle.dump` output).
 
-torch.load would send such a file down its legacy path and refuse it ("Invalid magic
-number"), so for this format `weights_only.loadable` states the policy question
-users actually ask: would torch's restricted unpickler accept this pickle?
+torch.load sends such a file down its legacy path and refuses it ("Invalid magic number;
+corrupt file?" once the restricted unpickler read the first pickle): that is
+`weights_only.loadable`. The question users actually ask, would torch's restricted
+unpickler accept this pickle, is `weights_only.policy_accepts`, and the verdict follows it.
 """
 
 from __future__ import annotations
 
 from ckptguard.core.errors import Code, LimitExceeded
 from ckptguard.core.filemap import add_region
+from ckptguard.core.formats.torch_legacy import legacy_answer
 from ckptguard.core.io.source import ByteSource
-from ckptguard.core.judge import scan_pickle, set_weights_only
+from ckptguard.core.judge import first_line, scan_pickle, set_weights_only
 from ckptguard.core.state import Analysis
 
 
@@ -29,3 +31,10 @@ def analyze(source: ByteSource, an: Analysis) -> None:
     add_region(an.map_regions, "pickle", "pickles after STOP", end, trailing - end)
     set_weights_only(an, scan.weights_only.error, None if scan.fast else data,
                      calls=scan.vm.calls)
+    if not scan.vm.persids and an.weights_only is not None:   # else core.scan replays it
+        policy = an.weights_only
+        error = legacy_answer(source, an, first=scan.weights_only)
+        policy.policy_accepts = policy.loadable
+        policy.loadable = error is None
+        policy.error = first_line(error.message) if error else None
+        policy.error_type = error.type if error else None

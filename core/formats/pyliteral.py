@@ -64,15 +64,33 @@ def parse_literal(text: str, *, max_len: int = 10_000, allow_long_suffix: bool =
     return value
 
 
-def _logical_line_start(text: str, pos: int) -> int:
-    """Where the logical line holding `pos` starts: back over `\\` + newline continuations."""
-    start = text.rfind("\n", 0, pos) + 1
-    while True:
-        before = text[:start]
-        cut = 2 if before.endswith("\\\n") else 3 if before.endswith("\\\r\n") else 0
-        if not cut:
-            return start
-        start = text.rfind("\n", 0, start - cut) + 1
+def _indented(text: str, bol: int) -> bool:
+    """CPython 3.11's tokenizer at the beginning of a line outside brackets (tokenizer.c,
+    "Get indentation level"): is this line indented? Spaces and tabs count, a form feed resets
+    the column, backslash continuations are skipped and the first one seen with a non-zero
+    column fixes the indentation; a line with nothing but a comment or a newline is blank and
+    never indented; the end of the text is not blank. In `eval` mode (literal_eval), any
+    indentation is an IndentationError."""
+    col = cont_col = 0
+    i, n = bol, len(text)
+    while i < n:
+        ch = text[i]
+        if ch == " ":
+            col += 1
+        elif ch == "\t":
+            col = (col // 8 + 1) * 8
+        elif ch == "\f":
+            col = 0
+        elif ch == "\\" and text.startswith(("\\\n", "\\\r\n"), i):
+            cont_col = cont_col or col
+            i += 2 if text[i + 1] == "\n" else 3
+            continue
+        else:
+            break
+        i += 1
+    if i < n and text[i] in "#\r\n":
+        return False
+    return (cont_col or col) > 0
 
 
 def _tokenize(text: str, allow_long: bool) -> list[tuple[str, Any]]:
@@ -81,25 +99,27 @@ def _tokenize(text: str, allow_long: bool) -> list[tuple[str, Any]]:
     depth = 0
     ended = False
     n = len(text)
+    last_ws = ""   # the last token, when it was white space
+    if _indented(text, 0):
+        raise LiteralError("unexpected indent")
     while pos < n:
         m = _TOKEN.match(text, pos)
         if m is None or m.end() == pos:
             raise LiteralError(f"unexpected character {text[pos]!r} at {pos}")
         kind = m.lastgroup
+        last_ws = ""
         if kind == "ws":
-            if "\n" in m.group() and depth == 0 and out and not m.group().startswith("\\"):
-                ended = True   # NEWLINE outside brackets ends the expression (blank lines may follow)
+            ws = last_ws = m.group()
+            if depth == 0 and not ws.startswith(("\\", "#")) and ("\n" in ws or "\r" in ws):
+                ended = ended or bool(out)   # NEWLINE outside brackets ends the expression
+                # every physical line that starts here begins at the left margin or is blank
+                for nl in re.finditer(r"\r\n?|\n", ws):
+                    if _indented(text, pos + nl.end()):
+                        raise LiteralError("unexpected indent")
             pos = m.end()
             continue
         if ended:
             raise LiteralError("text after the end of the expression")
-        if not out:
-            # literal_eval strips only the first line's indentation: a first token on a
-            # later, indented logical line is an IndentationError (a backslash continuation
-            # joins physical lines: the indentation is that of the line it started on)
-            line_start = _logical_line_start(text, pos)
-            if line_start and text[line_start:pos][:1] in (" ", "\t", "\f"):
-                raise LiteralError("unexpected indent")
         if kind == "str":
             prefix = m.group("str").rstrip("'\"")
             quote = m.group("str")[len(prefix):]
@@ -125,10 +145,8 @@ def _tokenize(text: str, allow_long: bool) -> list[tuple[str, Any]]:
                 depth -= 1
             out.append(("op", op))
         pos = m.end()
-    if re.search(r"\\\r?\n\Z", text):
+    if re.fullmatch(r"\\\r?\n", last_ws):   # not a comment's backslash: that one is text
         raise LiteralError("line continuation at the end of the text")
-    if ended and re.search(r"\n[ \t\f]+\Z", text):
-        raise LiteralError("an indented blank last line (IndentationError)")
     return out
 
 

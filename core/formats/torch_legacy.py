@@ -32,19 +32,66 @@ from ckptguard.core.pickle.window import PickleWindow
 from ckptguard.core.state import Analysis
 from ckptguard.core.threats.assess import assess
 from ckptguard.core.torch.rules import storage_itemsize
-from ckptguard.core.torch.weights_only import TorchError
+from ckptguard.core.torch.weights_only import TorchError, WeightsOnlyResult, emulate
 from ckptguard.core.values import Call, Global, PersId
 
 MAGIC_NUMBER = 0x1950A86A20F9469CFC6C
 PROTOCOL_VERSION = 1001
 COUNT = struct.Struct("<q")
 _PICKLES = ("magic number", "protocol version", "sys_info", "main object", "storage key list")
-# torch/csrc/serialization.cpp: TORCH_CHECK with printf markers it never formats; the two
-# numbers are appended as they are (file count x element size, then the storage's nbytes).
+# torch/csrc/serialization.cpp: TORCH_CHECK with printf markers it never formats (c10::str
+# concatenates its arguments); the two numbers are appended as they are, without a space (file
+# count x element size, then the storage's nbytes). Measured on torch 2.13:
+# "storage has wrong byte size: expected %ld got %ld108". weights_only.error keeps torch's
+# words; our own findings say it with the numbers in place.
 _WRONG_SIZE = "storage has wrong byte size: expected %ld got %ld"
 _EOF = "unexpected EOF, expected {} more bytes. The file might be corrupted."
 _FIRST_WINDOW = 1 << 16     # most legacy pickles fit; the window doubles as needed
 _UNUSED_BLOCK_KEYS = 8       # findings for overwritten/missing blocks, then a summary
+
+
+def legacy_answer(source: ByteSource, an: Analysis, *,
+                  first: WeightsOnlyResult | None = None) -> TorchError | None:
+    """What `torch.load(path, weights_only=True)` says about a file it reads as legacy (any
+    file that does not start with a zip local header: a plain pickle, NumPy, safetensors
+    under another name, text): its tar attempt, then the magic-number pickle, read with the
+    restricted unpickler and no storage hook. None: it loads. Costs one pickle's bytes.
+
+    A plain pickle fails once its first pickle is read ("Invalid magic number; corrupt
+    file?"), unless the restricted unpickler refused it first, in its own words. `first`:
+    the first pickle already emulated (a pickle without persistent ids reads alike with
+    and without torch's storage hook), so a large plain pickle is not replayed twice.
+    """
+    head = source.read_at(0, min(source.size, 512))
+    need = sniff.tar_bytes_needed(head)
+    if need > len(head) and need <= min(source.size, an.options.limits.max_tar_probe_bytes):
+        head = source.read_at(0, need)
+    if sniff.is_tar(head):
+        return TorchError("RuntimeError", torch_tar.TAR_ERROR, 0)
+    stop = sniff.tar_fail_offset(head, source.size)
+    if stop + 4 <= source.size and source.read_at(stop, 4) == b"PK\x03\x04":
+        return TorchError("RuntimeError", f"{source.name} is a zip archive (did you mean to use "
+                          "torch.jit.load()?)", stop)
+    limits = an.options.limits
+    # a window that grows only while the replay reads to its end: a NumPy or safetensors
+    # file stops torch within its first bytes, so its weights are never read
+    n, cap = min(source.size, _FIRST_WINDOW), min(source.size, limits.max_pickle_bytes)
+    while first is None:
+        first = emulate(source.read_at(0, n), allow=an.options.allow, limits=limits, legacy=True,
+                        persistent_load=False)
+        if first.error is not None and first.read_to >= n and n < source.size:
+            if n >= cap:
+                return TorchError("LimitExceeded", f"the first pickle runs past {cap} bytes", 0)
+            first, n = None, min(n * 4, cap)
+    if first.error is not None:
+        return first.error
+    if not (type(first.root) is int and first.root == MAGIC_NUMBER):
+        return TorchError("RuntimeError", "Invalid magic number; corrupt file?", 0)
+    stream = Analysis(an.options)   # a real legacy stream after all: replay all of it
+    analyze(source, stream)
+    wo = stream.weights_only
+    return None if wo is None or wo.loadable else TorchError(wo.error_type or "RuntimeError",
+                                                             wo.error or "", 0)
 
 
 def analyze(source: ByteSource, an: Analysis) -> None:
@@ -108,7 +155,7 @@ class _Stream:
             end = window.pickle_end(pos, an)
             add_region(an.map_regions, "pickle", f"{what} pickle", pos, (end or self.source.size) - pos)
             scan = scan_pickle(window.buf, an, record=None, base_offset=0, legacy=True, start=pos,
-                               check_trailing=False)
+                               check_trailing=False, persistent_load=what == "main object")
             scans.append(scan)
             self.check(what, scan)
             if end is None:
@@ -204,6 +251,10 @@ class _Stream:
                 nbytes = block.nbytes if ok else product
                 if not ok:
                     self.fail(TorchError("RuntimeError", f"{_WRONG_SIZE}{wrapped}{block.nbytes}", offset))
+                    self.an.add(Code.TORCH_RECORD_SIZE_MISMATCH,
+                                f"storage {_py_repr(key)[:80]}: its block counts {count} elements of "
+                                f"{block.itemsize} bytes ({wrapped} bytes), the pickle {block.nbytes} "
+                                "bytes", offset=offset)
                 elif product != block.nbytes:
                     self.an.add(Code.TORCH_RECORD_SIZE_MISMATCH,
                                 f"storage {key}: count {count} x {block.itemsize} bytes wraps around "

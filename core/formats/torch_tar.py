@@ -20,6 +20,7 @@ from ckptguard.core.io.source import ByteSource
 from ckptguard.core.judge import scan_pickle
 from ckptguard.core.pickle.renames import torch_map
 from ckptguard.core.pickle.window import PickleWindow
+from ckptguard.core.regions.region import declare
 from ckptguard.core.report import WeightsOnly
 from ckptguard.core.sniff import TAR_BLOCK as BLOCK
 from ckptguard.core.sniff import tar_number as _nti
@@ -30,7 +31,6 @@ from ckptguard.core.torch.weights_only import UNSAFE_MESSAGE
 
 TAR_ERROR = ("Cannot use ``weights_only=True`` with files saved in the legacy .tar format. "
              + UNSAFE_MESSAGE)
-_MEMBERS = ("sys_info", "pickle", "storages", "tensors")
 _ITEM_WINDOW = 1 << 16
 
 
@@ -100,7 +100,10 @@ def analyze_tar(source: ByteSource, an: Analysis) -> None:
     an.add(Code.TORCH_WEIGHTS_ONLY_FAILED, TAR_ERROR, offset=0)
     for member in read_members(source, an):
         base = member.name.rsplit("/", 1)[-1]
-        if base not in _MEMBERS or member.type not in (b"0", b"\0", b"7"):
+        if member.type not in (b"0", b"\0", b"7"):
+            continue
+        if base not in ("pickle", "storages", "tensors"):   # sys_info and any extra file
+            declare(an.regions, "tar member", member.data_offset, member.size, record=member.name)
             continue
         if base == "pickle":
             _scan_pickle_at(source, an, member, 0)

@@ -11,7 +11,7 @@ against the zip headers; the weights themselves are never read.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 
 from ckptguard.core.errors import CkptError, Code
@@ -19,20 +19,23 @@ from ckptguard.core.io.source import ByteSource
 from ckptguard.core.judge import scan_pickle, set_weights_only
 from ckptguard.core.manifest.build import SiteTable, StorageSite, build_manifest
 from ckptguard.core.pickle.renames import torch_map
+from ckptguard.core.regions.region import RegionKind, declare_entry
 from ckptguard.core.state import Analysis
 from ckptguard.core.torch.rules import storage_itemsize
 from ckptguard.core.torch.weights_only import TorchError
 from ckptguard.core.values import PersId
 from ckptguard.core.zip.checks import check_archive, verify_crcs
 from ckptguard.core.zip.directory import (
+    LOCATOR_PAST_END,
     LocalHeader,
     ZipDirectory,
     ZipEntry,
+    read_directory,
     read_local_headers,
     read_record,
 )
 from ckptguard.core.zip.layout import EOCD_SIZE
-from ckptguard.core.zip.offsets import chain_storage_offsets, verify_chain
+from ckptguard.core.zip.offsets import chain_storage_offsets, verify_chain, written_by_torch
 
 _MINIZ_HINT = (". This is an internal miniz error. If you are seeing this error, there is a high "
                "likelihood that your checkpoint file is corrupted. This can happen if the checkpoint "
@@ -43,8 +46,34 @@ _U = ("In PyTorch 2.6, we changed the default value of the `weights_only` argume
       "succeed, but it can result in arbitrary code execution. Do it only if you got the file from a "
       "trusted source.")
 META_RECORDS = ("version", ".data/version", "byteorder", ".format_version", ".storage_alignment")
-KNOWN_RECORDS = frozenset(("data.pkl", ".data/serialization_id", *META_RECORDS))
+SERIALIZATION_ID = ".data/serialization_id"
+KNOWN_RECORDS = frozenset(("data.pkl", SERIALIZATION_ID, *META_RECORDS))
 SMALL_RECORD_MAX = 4096
+
+
+def cpp_error(raw: bytes) -> TorchError:
+    """A RuntimeError raised in torch's C++ with raw bytes (a record's text, an entry's name)
+    in its message: Python gets it as a C string (cut at the first NUL), decoded as UTF-8,
+    and a message that does not decode becomes that UnicodeDecodeError (measured)."""
+    raw = raw.split(b"\x00", 1)[0]
+    try:
+        return TorchError("RuntimeError", raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        return TorchError("UnicodeDecodeError", str(exc))
+
+
+def zip_open_error(exc: CkptError, size: int) -> TorchError | None:
+    """miniz's words when `mz_zip_reader_init` refuses what `read_directory` refused (None:
+    a limit of ours, not torch's)."""
+    if exc.code is Code.ZIP_NO_EOCD:
+        return unreadable_zip_error(size)
+    if exc.message.startswith(LOCATOR_PAST_END):
+        return _miniz_error("failed reading zip archive", "not a ZIP archive")
+    if exc.code is Code.ZIP_MULTIPLE_DISKS:
+        return _miniz_error("failed reading zip archive", "unsupported multidisk archive")
+    if exc.code in (Code.ZIP_BAD_EOCD, Code.ZIP_BAD_CENTRAL_DIR):
+        return _miniz_error("failed reading zip archive", "invalid header or archive is corrupted")
+    return None
 
 
 def unreadable_zip_error(size: int) -> TorchError:
@@ -53,6 +82,34 @@ def unreadable_zip_error(size: int) -> TorchError:
     reason = "not a ZIP archive" if size < EOCD_SIZE else "failed finding central directory"
     return TorchError("RuntimeError", f"PytorchStreamReader failed reading zip archive: {reason}"
                       + _MINIZ_HINT)
+
+
+def zip_answer(source: ByteSource, an: Analysis) -> TorchError | None:
+    """torch.load(weights_only=True) on a zip that is no torch checkpoint (an .npz, a .pt2, any
+    other archive), in torch's order: miniz opens it, the first entry must sit in a folder
+    (inline_container.cc:180), then the version record, every entry under that folder,
+    TorchScript, byteorder/alignment, and data.pkl must exist. Never None: such a zip has no
+    data.pkl torch would accept (a torch zip is judged by `analyze_zip`)."""
+    try:
+        directory = read_directory(source, an.options.limits)
+    except CkptError as exc:
+        error = zip_open_error(exc, source.size)
+        if error is None:
+            raise
+        return error
+    if directory.entries and b"/" not in directory.entries[0].name_bytes:
+        return cpp_error(b"[enforce fail at inline_container.cc:180] . file in archive is not in a "
+                         b"subdirectory: " + directory.entries[0].name_bytes)
+    prefix = directory.prefix()
+    wanted = [e for r in META_RECORDS if (e := directory.find(f"{prefix}/{r}"))]
+    locals_ = read_local_headers(source, wanted, errors=[])
+    unreadable = unreadable_records(source, directory, locals_, wanted)
+    meta = _read_small_records(source, directory, wanted, locals_, unreadable)
+    is_torchscript = f"{prefix}/constants.pkl" in directory.by_name
+    error = _container_error(directory, prefix, meta, source, is_torchscript, unreadable)
+    if error is None and directory.find(f"{prefix}/data.pkl") is None:
+        error = missing_record_error("data.pkl")
+    return error or TorchError("Unmodelled", "not modelled: torch.load of this zip's data.pkl")
 
 
 def missing_record_error(name: str) -> TorchError:
@@ -66,6 +123,17 @@ class ZipStorageResolver:
 
     directory: ZipDirectory
     prefix: str
+    unreadable: Collection[int] = ()   # entries whose bytes miniz cannot reach
+    source: ByteSource | None = None   # to read small records torch reads as data (nested metadata)
+    locals_: Mapping[int, LocalHeader] | None = None
+
+    def read(self, key: str, nbytes: int) -> bytes | None:
+        """data/<key>'s bytes, when it holds exactly `nbytes` and torch could read it."""
+        entry = self.directory.find(f"{self.prefix}/data/{key}")
+        if self.source is None or entry is None or entry.uncompressed_size != nbytes \
+                or record_error(self.directory, self.prefix, f"data/{key}", self.unreadable):
+            return None
+        return read_record(self.source, self.directory, entry.name, locals_=self.locals_)
 
     def check(self, key: str, nbytes: int) -> TorchError | None:
         entry = self.directory.find(f"{self.prefix}/data/{key}")
@@ -76,7 +144,7 @@ class ZipStorageResolver:
             return TorchError("RuntimeError",
                               f"record size ({entry.uncompressed_size} bytes) does not match expected "
                               f"size ({nbytes} bytes = {nbytes} elements * 1 bytes/element) for dtype Byte")
-        return None
+        return record_error(self.directory, self.prefix, f"data/{key}", self.unreadable)
 
 
 
@@ -90,7 +158,8 @@ def analyze_zip(source: ByteSource, directory: ZipDirectory, an: Analysis) -> No
     # those the offset arithmetic needs, so a remote scan stays at a few requests.
     cheap = getattr(source, "random_access_cheap", True)
     wanted: list[ZipEntry] = list(directory.entries) if cheap else [
-        e for e in (entry("data.pkl"), entry("data/0"), *(entry(r) for r in META_RECORDS))
+        e for e in (entry("data.pkl"), entry("data/0"), entry(".data/serialization_id"),
+                    *(entry(r) for r in META_RECORDS))
         if e is not None]
     header_errors: list[CkptError] = []
     locals_ = read_local_headers(source, wanted, errors=header_errors)
@@ -103,10 +172,11 @@ def analyze_zip(source: ByteSource, directory: ZipDirectory, an: Analysis) -> No
     an.io["zip_local_headers_read"] = len(locals_)
     an.io["zip_entries"] = len(directory.entries)
 
-    meta = _read_small_records(source, directory, [e for r in META_RECORDS if (e := entry(r))],
-                              locals_)
+    unreadable = unreadable_records(source, directory, locals_, wanted)
+    meta = _read_small_records(source, directory, [e for r in (*META_RECORDS, SERIALIZATION_ID)
+                                                   if (e := entry(r))], locals_, unreadable)
     is_torchscript = f"{prefix}/constants.pkl" in directory.by_name  # exact, as torch lists it
-    torch_error = _container_error(directory, prefix, meta, source, is_torchscript)
+    torch_error = _container_error(directory, prefix, meta, source, is_torchscript, unreadable)
     if is_torchscript:
         an.format = "torchscript"
         an.add(Code.TORCHSCRIPT_ARCHIVE, "TorchScript archive: holds code, refused by weights_only",
@@ -119,10 +189,16 @@ def analyze_zip(source: ByteSource, directory: ZipDirectory, an: Analysis) -> No
         set_weights_only(an, err, None)
         return
     pkl_name = pkl_entry.name
-    data = read_record(source, directory, pkl_name, locals_=locals_)
+    torch_error = torch_error or record_error(directory, prefix, "data.pkl", unreadable)
+    try:
+        data = read_record(source, directory, pkl_name, locals_=locals_)
+    except CkptError as exc:   # the error becomes the finding; torch's answer is its own
+        set_weights_only(an, torch_error or TorchError(
+            "Unmodelled", f"not modelled: torch reading this data.pkl ({exc.message})"), None)
+        raise
     pkl_local = locals_.get(pkl_entry.index)
     base = pkl_local.data_offset if pkl_local is not None and pkl_entry.method == 0 else 0
-    resolver = ZipStorageResolver(directory, prefix)
+    resolver = ZipStorageResolver(directory, prefix, unreadable, source, locals_)
     scan = scan_pickle(data, an, record=pkl_name, base_offset=base, resolver=resolver)
     for extra_pkl in ("constants.pkl",):  # TorchScript constants are pickles too
         ent = entry(extra_pkl)
@@ -138,8 +214,8 @@ def analyze_zip(source: ByteSource, directory: ZipDirectory, an: Analysis) -> No
         _flag_unreferenced(directory, prefix, {k for k, _ in storages}, an)
     if meta.get("byteorder") == b"big":
         an.add(Code.TORCH_BIG_ENDIAN, "storages are big-endian", record=f"{prefix}/byteorder")
-    set_weights_only(an, torch_error or scan.weights_only.error, None if scan.fast else data,
-                     calls=scan.vm.calls)
+    set_weights_only(an, torch_error or scan.weights_only.error or serialization_id_error(meta),
+                     None if scan.fast else data, calls=scan.vm.calls)
 
 
 def check_generic_zip(source: ByteSource, directory: ZipDirectory, an: Analysis) -> None:
@@ -147,11 +223,15 @@ def check_generic_zip(source: ByteSource, directory: ZipDirectory, an: Analysis)
     cheap = getattr(source, "random_access_cheap", True)
     locals_ = read_local_headers(source, directory.entries if cheap else [])
     check_archive(directory, locals_, an)
-    for ent in directory.entries[:64]:
+    for i, ent in enumerate(directory.entries):
         small = ent.uncompressed_size <= an.options.limits.max_pickle_bytes
-        if ent.name.endswith((".pkl", ".pickle")) and small:
+        if i < 64 and ent.name.endswith((".pkl", ".pickle")) and small \
+                and directory.by_name.get(ent.name) is ent and ent.method in (0, 8) \
+                and not ent.flags & 0x2041:
             scan_pickle(read_record(source, directory, ent.name, locals_=locals_), an,
                         record=ent.name, base_offset=0)
+        else:   # any member may be what a custom loader unpickles: sniffed, judged if a pickle
+            _declare_member(an, "zip member", ent)
 
 
 def storages_in_order(persids: Iterable[PersId]) -> list[tuple[str, int]]:
@@ -169,33 +249,107 @@ def storages_in_order(persids: Iterable[PersId]) -> list[tuple[str, int]]:
 
 
 def _read_small_records(source: ByteSource, directory: ZipDirectory, entries: list[ZipEntry],
-                        locals_: Mapping[int, LocalHeader] | None = None) -> dict[str, bytes]:
+                        locals_: Mapping[int, LocalHeader] | None = None,
+                        unreadable: Collection[int] = ()) -> dict[str, bytes]:
     out: dict[str, bytes] = {}
     prefix = directory.prefix()
     for ent in entries:
-        if ent.uncompressed_size <= SMALL_RECORD_MAX:
+        if ent.uncompressed_size <= SMALL_RECORD_MAX and ent.index not in unreadable \
+                and ent.method in (0, 8) and not ent.flags & 0x41:
             out[ent.name[len(prefix) + 1:]] = read_record(source, directory, ent.name,
                                                           locals_=locals_)
     return out
 
 
+def unreadable_records(source: ByteSource, directory: ZipDirectory,
+                       locals_: Mapping[int, LocalHeader], wanted: Iterable[ZipEntry]) -> set[int]:
+    """Entries of `wanted` whose bytes miniz cannot reach: no valid local header, or data
+    past the end of the file ("invalid header or archive is corrupted")."""
+    bad = set()
+    for e in wanted:
+        local = locals_.get(e.index)
+        if local is None or local.data_offset + e.compressed_size > source.size:
+            bad.add(e.index)
+    return bad
+
+
+def record_error(directory: ZipDirectory, prefix: str, record: str,
+                 unreadable: Collection[int]) -> TorchError | None:
+    """What torch's `getRecord(record)` raises on this archive, if anything (miniz's words)."""
+    ent = directory.find(f"{prefix}/{record}")
+    if ent is None:
+        return missing_record_error(record)
+    if ent.flags & 0x41:
+        return _miniz_error(f"failed retrieving file meta-data for {record}", "unsupported encryption")
+    if ent.method not in (0, 8):
+        return _miniz_error(f"failed retrieving file meta-data for {record}", "unsupported method")
+    if ent.index in unreadable:
+        return _miniz_error(f"failed reading file {record}", "invalid header or archive is corrupted")
+    return None
+
+
+def _miniz_error(what: str, reason: str) -> TorchError:
+    return TorchError("RuntimeError", f"PytorchStreamReader {what}: {reason}" + _MINIZ_HINT)
+
+
 def _container_error(directory: ZipDirectory, prefix: str, meta: Mapping[str, bytes],
-                     source: ByteSource, is_torchscript: bool) -> TorchError | None:
-    """torch.load's checks before unpickling, in its order (FORMATS.md §0, §1.1, §2.5)."""
+                     source: ByteSource, is_torchscript: bool,
+                     unreadable: Collection[int] = ()) -> TorchError | None:
+    """torch.load's checks before unpickling, in its order (FORMATS.md §0, §1.1, §2.5): the
+    reader's init (version record, serialization id), the TorchScript check's record list,
+    then `_load`'s .format_version, byteorder and .storage_alignment reads."""
     if source.read_at(0, 4) != b"PK\x03\x04":
         return TorchError("UnpicklingError", "torch.load does not read this as a zip: the first "
                           "bytes are not a zip local header (it takes the legacy path)")
+    if directory.shift:   # miniz takes the offsets as written: no record is where they say
+        return TorchError("RuntimeError", "PytorchStreamReader failed reading zip archive: "
+                          "invalid header or archive is corrupted" + _MINIZ_HINT)
+    has = {r for r in META_RECORDS if directory.find(f"{prefix}/{r}") is not None}
+    version_record = ".data/version" if ".data/version" in has else "version"
+    if version_record in has:
+        error = record_error(directory, prefix, version_record, unreadable)
+        if error is not None:
+            return error
     version = version_error(meta)
     if version is not None:
         return version
+    if directory.find(f"{prefix}/.data/serialization_id") is not None:
+        error = record_error(directory, prefix, ".data/serialization_id", unreadable)
+        if error is not None:
+            return error
+    raw_prefix = prefix.encode("utf-8", "surrogateescape")
+    for ent in directory.entries:   # get_all_records: every name under the prefix, as str
+        if not ent.name_bytes.startswith(raw_prefix + b"/"):
+            return cpp_error(b"[enforce fail at inline_container.cc:340] . file in archive is not in a "
+                             b"subdirectory " + raw_prefix + b"/: " + ent.name_bytes)
     for ent in directory.entries:
-        if not ent.name.startswith(prefix + "/"):
-            return TorchError("RuntimeError", f"[enforce fail at inline_container.cc:340] . file in "
-                              f"archive is not in a subdirectory {prefix}/: {ent.name}")
+        try:
+            ent.name_bytes[len(prefix) + 1:].decode("utf-8")
+        except UnicodeDecodeError as exc:   # pybind11 turns each name into a str
+            return TorchError("UnicodeDecodeError", str(exc))
     if is_torchscript:
         return TorchError("RuntimeError", "Cannot use ``weights_only=True`` with TorchScript "
                           "archives passed to ``torch.load``. " + _U)
+    for record in (".format_version", "byteorder", ".storage_alignment"):
+        if record in has:
+            error = record_error(directory, prefix, record, unreadable)
+            if error is not None:
+                return error
+        if record == "byteorder":
+            error = layout_error({k: v for k, v in meta.items() if k == "byteorder"})
+            if error is not None:
+                return error
     return layout_error(meta)
+
+
+def serialization_id_error(meta: Mapping[str, bytes]) -> TorchError | None:
+    """torch.load logs `zip_file.serialization_id()` after unpickling: pybind11 decodes the
+    record as UTF-8, strictly."""
+    try:
+        meta.get(".data/serialization_id", b"").decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return TorchError("UnicodeDecodeError", str(exc))
+    return None
 
 
 def version_error(meta: Mapping[str, bytes]) -> TorchError | None:
@@ -207,9 +361,8 @@ def version_error(meta: Mapping[str, bytes]) -> TorchError | None:
                           "request to PyTorch.)")
     m = re.match(rb"\s*[+-]?\d+", version)
     if m is None:
-        text = version.decode("utf-8", "replace")
-        return TorchError("RuntimeError", f"[enforce fail at inline_container.cc:215] . Couldn't parse "
-                          f"the version {text} as Long Long.")
+        return cpp_error(b"[enforce fail at inline_container.cc:215] . Couldn't parse the version "
+                         + version + b" as Long Long.")
     number = int(m.group())
     if number < 1:
         return TorchError("RuntimeError", f"[enforce fail at inline_container.cc:219] . Attempted to read "
@@ -228,8 +381,11 @@ def layout_error(meta: Mapping[str, bytes]) -> TorchError | None:
     """torch's checks of the byteorder and storage alignment records."""
     byteorder = meta.get("byteorder")
     if byteorder is not None and byteorder not in (b"little", b"big"):
-        return TorchError("ValueError",
-                          "Unknown endianness type: " + byteorder.decode("utf-8", "replace"))
+        try:
+            text = byteorder.decode()
+        except UnicodeDecodeError as exc:   # torch: "Unknown endianness type: " + data.decode()
+            return TorchError("UnicodeDecodeError", str(exc))
+        return TorchError("ValueError", "Unknown endianness type: " + text)
     align = meta.get(".storage_alignment")
     if align is not None and parse_int(align) is None:
         return TorchError("ValueError", f"invalid literal for int() with base 10: {align!r}")
@@ -263,6 +419,11 @@ def _storage_sites(source: ByteSource, directory: ZipDirectory, prefix: str,
         first_local = locals_.get(first.index) or read_local_headers(source, [first]).get(first.index)
         align = storage_alignment(meta)
         if first_local is not None:
+            if not written_by_torch(first_local, first.uncompressed_size, align):
+                # another writer: torch's arithmetic describes nothing here, so every local
+                # header is read and the chain checked against where torch really reads
+                locals_ = {**locals_, **read_local_headers(
+                    source, [e for e in present.values() if e.index not in locals_])}
             try:
                 chain = chain_storage_offsets(prefix, first_local.data_offset, storages, align,
                                               first_header_offset=first_local.offset)
@@ -299,11 +460,24 @@ def _storage_sites(source: ByteSource, directory: ZipDirectory, prefix: str,
 
 
 def _flag_unreferenced(directory: ZipDirectory, prefix: str, keys: set[str], an: Analysis) -> None:
+    """Records torch never reads: reported, and their content judged (core.regions)."""
     for ent in directory.entries:
+        if directory.by_name.get(ent.name) is not ent:   # a duplicate name torch does not pick
+            _declare_member(an, "shadowed entry", ent)
+            continue
         rel = ent.name[len(prefix) + 1:] if ent.name.startswith(prefix + "/") else None
-        if rel is None or rel in KNOWN_RECORDS:
+        if rel is None:
+            _declare_member(an, "outside-prefix entry", ent)
+            continue
+        if rel in KNOWN_RECORDS:
             continue
         if rel.startswith("data/") and rel[5:] in keys:
             continue
         an.add(Code.TORCH_UNREFERENCED_RECORD, f"record {ent.name!r} is not referenced by the pickle",
                record=ent.name, offset=ent.header_offset)
+        _declare_member(an, "unreferenced record", ent)
+
+
+def _declare_member(an: Analysis, kind: RegionKind, ent: ZipEntry) -> None:
+    declare_entry(an.regions, kind, header_offset=ent.header_offset, compressed_size=ent.compressed_size,
+                  method=ent.method, record=ent.name)

@@ -104,6 +104,30 @@ def check_span(size: int, offset: int, nbytes: int) -> None:
                           offset=offset)
 
 
+class WindowSource:
+    """A byte range of another source seen as a whole source (an npz member, a zip inside a
+    region): offsets are relative to `base`, reads and counts go to the outer source."""
+
+    def __init__(self, source: ByteSource, base: int, size: int, name: str) -> None:
+        self._source, self._base, self._size = source, base, size
+        self.name = name
+        self.stats: IoStats = source.stats
+        self.random_access_cheap: bool = getattr(source, "random_access_cheap", True)
+
+    @property
+    def size(self) -> int:
+        return self._size
+
+    def read_at(self, offset: int, nbytes: int) -> bytes:
+        check_span(self._size, offset, nbytes)
+        return self._source.read_at(self._base + offset, nbytes)
+
+    def read_many(self, spans: Sequence[tuple[int, int]]) -> list[bytes]:
+        for off, n in spans:
+            check_span(self._size, off, n)
+        return self._source.read_many([(self._base + off, n) for off, n in spans])
+
+
 class BytesSource:
     """An in-memory source (tests, small uploads)."""
 

@@ -38,8 +38,10 @@ from ckptguard.core.filemap import ZipSpans
 from ckptguard.core.formats.torch_zip import (
     KNOWN_RECORDS,
     META_RECORDS,
+    SERIALIZATION_ID,
     SMALL_RECORD_MAX,
     layout_error,
+    serialization_id_error,
     storage_alignment,
     version_error,
 )
@@ -81,7 +83,7 @@ _SCALARS = frozenset((str, int, float, bool, type(None), bytes, complex, StubGlo
 
 def try_torch_zip(source: ByteSource, an: Analysis) -> bool:
     """Fill `an` for a clean torch zip and return True; False (an untouched) otherwise."""
-    if not getattr(source, "random_access_cheap", False) or an.options.verify_crc:
+    if an.options.verify_crc:
         return False
     try:
         result = _judge(source, an)
@@ -103,7 +105,8 @@ class _Result:
     base: int                  # file offset of data.pkl
     tensors: list[TensorEntry]
     storages: list[StorageEntry]
-    entries: int               # zip entries (all local headers were read)
+    entries: int               # zip entries
+    locals_read: int           # local headers read (all of them on a local source)
     spans: ZipSpans            # the map of the file (core.filemap)
 
     def commit(self, an: Analysis) -> None:
@@ -111,7 +114,7 @@ class _Result:
         vm = VmResult(root=None, complete=True, start=0, end=toks.end, protocol=toks.protocol,
                       globals=global_uses(toks, self.base))
         an.format = "torch-zip"
-        an.io["zip_local_headers_read"] = self.entries
+        an.io["zip_local_headers_read"] = self.locals_read
         an.io["zip_entries"] = self.entries
         an.zip_spans = self.spans
         assess(vm, an, allow=an.options.allow, record=self.pkl_name)
@@ -138,6 +141,8 @@ def _judge(source: ByteSource, an: Analysis) -> _Result:
         raise Decline("no data.pkl")
     meta = _read_meta(source, arc, row_of)
     alignment = _check_container(meta)
+    arc.place_unread(alignment)   # a remote source read only the headers torch needs
+    arc.check_tiles()
     pkl_size = int(arc.size[pkl_row])
     if pkl_size > limits.max_pickle_bytes:
         raise Decline("pickle past the cap")
@@ -160,7 +165,8 @@ def _judge(source: ByteSource, an: Analysis) -> _Result:
     tensors, used = _walk(loaded, views, storages, arc.names[pkl_row], limits)
     entries = storages.entries(used, arc)
     return _Result(arc.names[pkl_row], loaded.tokens, base, tensors, entries, len(arc.names),
-                   _spans(arc, source.size))
+                   arc.locals_read, _spans(arc, source.size))
+
 
 
 def _spans(arc: PlainArchive, file_size: int) -> ZipSpans:
@@ -177,7 +183,7 @@ def _spans(arc: PlainArchive, file_size: int) -> ZipSpans:
 
 
 def _read_meta(source: ByteSource, arc: PlainArchive, row_of: Any) -> dict[str, bytes]:
-    rows = {r: row for r in META_RECORDS if (row := row_of(r)) is not None}
+    rows = {r: row for r in (*META_RECORDS, SERIALIZATION_ID) if (row := row_of(r)) is not None}
     if any(arc.size[row] > SMALL_RECORD_MAX for row in rows.values()):
         raise Decline("large metadata record")
     spans = [(int(arc.data_offset[row]), int(arc.size[row])) for row in rows.values()]
@@ -187,8 +193,9 @@ def _read_meta(source: ByteSource, arc: PlainArchive, row_of: Any) -> dict[str, 
 def _check_container(meta: dict[str, bytes]) -> int:
     """torch.load's record checks pass and the general path would add no finding; returns
     the storage alignment."""
-    if version_error(meta) is not None or layout_error(meta) is not None:
-        raise Decline("a version, byteorder or alignment record torch refuses")
+    if version_error(meta) is not None or layout_error(meta) is not None \
+            or serialization_id_error(meta) is not None:
+        raise Decline("a version, byteorder, alignment or serialization id record torch refuses")
     if meta.get("byteorder", b"little") != b"little":
         raise Decline("big-endian storages")
     if not meta.get(".format_version", b"") >= b"1":

@@ -19,7 +19,6 @@ the call graph statically).
 
 from __future__ import annotations
 
-import hashlib
 import unicodedata
 from dataclasses import dataclass
 from functools import lru_cache
@@ -378,6 +377,8 @@ class _Assessor:
         # times more, is a million interpretations of a 12 KB file: each payload once, and
         # a bounded number in all (the call itself is already a finding)
         seen = self.an.nested_pickles
+        import hashlib  # only for inline pickles: not a cold-start cost of every scan
+
         digest = hashlib.blake2b(data, digest_size=16).digest()
         if digest in seen:
             return

@@ -22,6 +22,7 @@ nested, wrapper-subclass and device-copy rebuilders, legacy Tensor constructors
 from __future__ import annotations
 
 import re
+import struct
 from collections.abc import Callable
 from typing import Any
 
@@ -453,6 +454,112 @@ def _rebuild_sparse_tensor(func: Global, args: tuple[Any, ...], so: StorageOf, o
         if all(_is_tensor(x) for x in data[:3]) and dims is not None and all(d >= 0 for d in dims):
             return _tensor("torch.Tensor", data[2].attrs.get("dtype"), dims, func, args, opcode, off)
     raise unmodelled("a sparse tensor of this layout/shape")
+
+
+# A nested tensor's sizes, strides and offsets are data, not pickle: torch reads them from
+# their records and checks every component against the buffer's storage. The records are
+# read through the caller's `ReadRecord` (a few bytes per component), at most this many.
+NESTED_META_MAX = 1 << 20
+ReadRecord = Callable[[str, int], bytes | None]   # (storage key, nbytes) -> the record's bytes
+_NESTED = ("buffer", "sizes", "strides", "storage_offsets")
+
+
+def rebuild_nested_tensor(func: Global, args: Any, so: StorageOf, opcode: str, off: int,
+                          read: ReadRecord | None) -> Call:
+    """`_rebuild_nested_tensor(buffer, sizes, strides, storage_offsets)` =
+    `torch._nested_view_from_buffer`: each component i is a view of the buffer's storage
+    with sizes[i], strides[i] and offset storage_offsets[i], checked in order as ATen's
+    `computeStorageNbytes` + `checkInBoundsForStorage` do (measured on torch 2.13, strided
+    layout as torch.save writes it: a 1-D contiguous buffer, int64 (n, d) sizes and strides,
+    int64 (n,) offsets). Other argument shapes are Unmodelled."""
+    if not isinstance(args, tuple):
+        raise unmodelled("REDUCE arguments that are not a tuple")
+    _arity("_rebuild_nested_tensor", args, _NESTED)
+    views = [_plain_view(a, so) for a in args]
+    parts = [v for v in views if v is not None]
+    if len(parts) != len(views) or read is None:
+        raise unmodelled("_rebuild_nested_tensor of these arguments")
+    (buf, buf_dtype, buf_shape, buf_stride, buf_off), *meta = parts
+    if len(buf_shape) != 1 or buf_off != 0 or (buf_shape[0] > 1 and buf_stride != (1,)):
+        raise unmodelled("a nested buffer that is not a whole 1-D storage")
+    rows = []
+    for (st, dtype, shape, stride, offset), want_dim in zip(meta, (2, 2, 1), strict=True):
+        if dtype != "int64" or len(shape) != want_dim or stride != _contiguous(shape):
+            raise unmodelled("nested metadata that is not a contiguous int64 tensor")
+        numel = shape[0] * (shape[1] if want_dim == 2 else 1)
+        if (offset + numel) * 8 > NESTED_META_MAX:
+            raise unmodelled("nested metadata past the scan's cap")
+        raw = read(st.key, st.nbytes)
+        if raw is None or len(raw) < (offset + numel) * 8:
+            raise unmodelled("reading a nested tensor's metadata record")
+        rows.append((shape, struct.unpack_from(f"<{numel}q", raw, offset * 8)))
+    (size_shape, sizes), (stride_shape, strides), (offsets_shape, offsets) = rows
+    n = size_shape[0]
+    d = size_shape[1]
+    if stride_shape != size_shape or offsets_shape != (n,):
+        raise unmodelled("nested sizes, strides and offsets of different shapes")
+    itemsize = ITEMSIZE[buf_dtype]
+    for i in range(n):
+        _check_component(sizes[i * d:(i + 1) * d], strides[i * d:(i + 1) * d], offsets[i],
+                         itemsize, buf.nbytes)
+    c = _tensor("torch.Tensor", buf_dtype, None, func, args, opcode, off)
+    c.attrs["nested"] = n
+    return c
+
+
+def _contiguous(shape: tuple[int, ...]) -> tuple[int, ...]:
+    acc, out = 1, []
+    for dim in reversed(shape):
+        out.append(acc)
+        acc *= max(dim, 1)
+    return tuple(reversed(out))
+
+
+def _plain_view(v: Any, so: StorageOf) -> tuple[StorageInfo, str, tuple[int, ...], tuple[int, ...],
+                                                 int] | None:
+    """(storage, dtype, shape, stride, storage_offset) of a plain `_rebuild_tensor_v2` result."""
+    if not (isinstance(v, Call) and isinstance(v.func, Global)
+            and v.func.full == "torch._utils._rebuild_tensor_v2" and v.attrs.get("type") == "torch.Tensor"
+            and not v.attrs.get("requires_grad") and isinstance(v.args, tuple) and len(v.args) >= 4):
+        return None
+    st = so(v.args[0])
+    shape, stride, offset = int_seq(v.args[2]), int_seq(v.args[3]), v.args[1]
+    if st is None or shape is None or stride is None or not is_int(offset) \
+            or len(shape) != len(stride) or st.dtype not in ITEMSIZE:
+        return None
+    return st, st.dtype, shape, stride, offset
+
+
+_U64 = 1 << 64
+
+
+def _check_component(sizes: tuple[int, ...], strides: tuple[int, ...], offset: int, itemsize: int,
+                     storage_nbytes: int) -> None:
+    """ATen `computeStorageNbytes(sizes, strides, itemsize, storage_offset)`, then
+    `checkInBoundsForStorage`'s message. Its arithmetic is size_t: the offset is cast (so
+    -1 wraps to a start of 0 and loads), and each product and sum must fit a uint64 exactly
+    (`c10::mul_overflows`/`add_overflows`), the bytes an int64 (measured)."""
+    size = (offset + 1) % _U64
+    overflowed = False
+    for s, t in zip(sizes, strides, strict=True):
+        if s == 0:
+            return
+        step = t * (s - 1)
+        overflowed |= not 0 <= step < _U64
+        size += step % _U64
+        overflowed |= size >= _U64
+        size %= _U64
+    size *= itemsize
+    overflowed |= size >= _U64
+    size %= _U64
+    overflowed |= size > (1 << 63) - 1
+    if overflowed:
+        raise Fail("RuntimeError", f"Storage size calculation overflowed with sizes={list(sizes)} and "
+                   f"strides={list(strides)}")
+    if size > storage_nbytes:
+        raise Fail("RuntimeError", f"setStorage: sizes {list(sizes)}, strides {list(strides)}, storage "
+                   f"offset {offset}, and itemsize {itemsize} requiring a storage size of {size} are "
+                   f"out of bounds for storage of size {storage_nbytes}")
 
 
 def _rebuild_meta(func: Global, args: tuple[Any, ...], so: StorageOf, opcode: str, off: int) -> Call:

@@ -17,8 +17,9 @@ Assumptions (each a deliberate choice, see tests/differential):
 - a user-allowlisted class accepts its own NEWOBJ args and BUILD state (that is what
   allowlisting it asserts); a user-allowlisted *function*'s result type is unknown;
 - sparse invariant checks are off (torch's default), so sparse tensors are judged on
-  their shapes only; nested, wrapper-subclass and device-copy rebuilds are Unmodelled
-  (their checks depend on tensor data or on the host).
+  their shapes only; nested tensors (strided) through their metadata records, read by the
+  resolver; wrapper-subclass and device-copy rebuilds are Unmodelled (their checks depend
+  on the host).
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from ckptguard.core.torch.callables import (
     class_repr,
     global_kind,
     hash_error,
+    rebuild_nested_tensor,
     str_value,
     type_name,
 )
@@ -142,6 +144,7 @@ class WeightsOnlyResult:
     storages: list[StorageUse] = field(default_factory=list)
     end: int = 0
     protocol: int | None = None
+    read_to: int = 0   # how far the replay read: bytes past it could not change the answer
 
 
 _U32 = struct.Struct("<I")
@@ -194,8 +197,9 @@ class _Reader:
 
 class _Emulator:
     def __init__(self, data: bytes, allow: frozenset[str], resolver: StorageResolver | None,
-                 base: int, limits: Limits, legacy: bool) -> None:
+                 base: int, limits: Limits, legacy: bool, persistent_load: bool = True) -> None:
         self.r = _Reader(data)
+        self.persistent_load = persistent_load
         self.allow = allow
         self.allowed = allow | BASELINE_USER_GLOBALS
         self.resolver = resolver
@@ -466,6 +470,9 @@ class _Emulator:
         if func.full in self.allowed and func.full not in ALLOWED_GLOBALS:
             return self.user_call(func, args, "REDUCE")
         try:
+            if func.full == "torch._utils._rebuild_nested_tensor":   # needs the metadata's bytes
+                return rebuild_nested_tensor(func, args, self.storage_of, "REDUCE", self.op_offset,
+                                             getattr(self.resolver, "read", None))
             return call_allowed(func, args, self.storage_of, "REDUCE", self.op_offset)
         except Fail as exc:
             raise self.fail(exc.type, exc.message) from None
@@ -566,6 +573,10 @@ class _Emulator:
                     raise self.fail("Unmodelled", "not modelled: comparing a pid tag with 'storage'")
                 raise self.fail("UnpicklingError", "Only persistent_load of storage is allowed, but got "
                                 f"{class_repr(self.tname(pid[0]))}")
+        if not self.persistent_load:
+            # a bare `pickle_module.load(f)` (torch's legacy magic, protocol, sys_info and key
+            # list pickles): the restricted Unpickler's own persistent_load refuses every id
+            raise self.fail("UnpicklingError", "unsupported persistent id encountered")
         if type(pid) is int:
             raise self.fail("AssertionError", "saved_id must be a tuple, got int")
         if len(pid) == 0:
@@ -670,13 +681,18 @@ def _as_bytes(data: bytes | memoryview) -> bytes:
 
 def emulate(data: bytes | memoryview, *, allow: frozenset[str] = frozenset(),
             resolver: StorageResolver | None = None, base_offset: int = 0,
-            limits: Limits = DEFAULT_LIMITS, legacy: bool = False) -> WeightsOnlyResult:
+            limits: Limits = DEFAULT_LIMITS, legacy: bool = False,
+            persistent_load: bool = True) -> WeightsOnlyResult:
     """Replay torch.load(weights_only=True) on one pickle; never raises.
+
+    `persistent_load=False`: a pickle torch loads without its storage hook (the legacy
+    stream's magic number, protocol, sys_info and key list), where any persistent id fails.
 
     >>> emulate(b"\\x80\\x02}q\\x00.").loadable
     True
     """
-    em = _Emulator(_as_bytes(data), frozenset(allow), resolver, base_offset, limits, legacy)
+    em = _Emulator(_as_bytes(data), frozenset(allow), resolver, base_offset, limits, legacy,
+                   persistent_load)
     gc_was_enabled = gc.isenabled()
     gc.disable()  # millions of young container objects: the cyclic GC would rescan them all
     try:
@@ -691,7 +707,8 @@ def emulate(data: bytes | memoryview, *, allow: frozenset[str] = frozenset(),
     finally:
         if gc_was_enabled:
             gc.enable()
-    return WeightsOnlyResult(False, error, None, em.storages, em.op_offset - base_offset, em.protocol)
+    return WeightsOnlyResult(False, error, None, em.storages, em.op_offset - base_offset, em.protocol,
+                             em.r.pos)
 
 
 _WALK_ARGS = {0x4A: 4, 0x4B: 1, 0x4D: 2, 0x47: 8, 0x68: 1, 0x6A: 4, 0x71: 1, 0x72: 4}

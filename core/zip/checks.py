@@ -27,6 +27,7 @@ from collections.abc import Mapping
 
 from ckptguard.core.errors import CkptError, Code
 from ckptguard.core.io.source import ByteSource
+from ckptguard.core.regions.region import declare, declare_entry
 from ckptguard.core.state import Analysis
 from ckptguard.core.zip.directory import (
     LocalHeader,
@@ -144,7 +145,9 @@ def _name_problem(e: ZipEntry) -> str | None:
 
 def _check_entries(directory: ZipDirectory, locals_: Mapping[int, LocalHeader], out: _Capped) -> None:
     for e in directory.entries:
+        refused = False
         if e.flags & (FLAG_ENCRYPTED | FLAG_STRONG_ENCRYPTION | FLAG_MASKED_HEADER):
+            refused = True
             out.add(Code.ZIP_ENCRYPTED_ENTRY,
                     f"{e.name} is encrypted (flags {e.flags:#06x}): torch fails with "
                     "'unsupported encryption'", record=e.name, offset=e.header_offset)
@@ -153,9 +156,13 @@ def _check_entries(directory: ZipDirectory, locals_: Mapping[int, LocalHeader], 
                     f"{e.name} is deflated ({e.compressed_size} -> {e.uncompressed_size} bytes)",
                     record=e.name, offset=e.header_offset)
         elif e.method != 0:
+            refused = True
             out.add(Code.ZIP_UNSUPPORTED_METHOD,
                     f"{e.name} uses compression method {e.method}: torch fails with "
                     "'unsupported method'", record=e.name, offset=e.header_offset)
+        if refused:   # a flag or a method field does not make the bytes unreadable
+            declare_entry(out.an.regions, "refused entry", header_offset=e.header_offset,
+                          compressed_size=e.compressed_size, method=e.method, record=e.name)
         local = locals_.get(e.index)
         if local is not None:
             diff = _local_differences(e, local)
@@ -216,9 +223,14 @@ def _check_layout(directory: ZipDirectory, locals_: Mapping[int, LocalHeader], o
     entries = directory.entries
     first = spans[0][0] if spans else directory.cd_offset
     if first > 0:
+        shifted = (f"; the directory's offsets do not count them: Python's zipfile adds "
+                   f"{directory.shift} to each, torch's miniz does not and fails"
+                   if directory.shift else "")
         out.add(Code.ZIP_PREPENDED_DATA,
                 f"{first} bytes before the first record: torch.load takes the zip path only if the "
-                "file starts with PK\\x03\\x04 (polyglot / self-extracting layout)", offset=0)
+                f"file starts with PK\\x03\\x04 (polyglot / self-extracting layout){shifted}",
+                offset=0)
+        declare(out.an.regions, "prefix", 0, first)
     # payload_end: bytes that must not overlap; cursor: incl. the expected data descriptor
     # (a writer without the PK\x07\x08 signature uses 12 bytes: tolerated, not flagged)
     cursor = payload_end_max = first
@@ -234,6 +246,7 @@ def _check_layout(directory: ZipDirectory, locals_: Mapping[int, LocalHeader], o
             out.add(Code.ZIP_UNREFERENCED_DATA,
                     f"{start - cursor} bytes at {cursor} before {e.name} belong to no entry",
                     record=e.name, offset=cursor)
+            declare(out.an.regions, "gap", cursor, start - cursor)
         if payload_end > payload_end_max:
             payload_end_max, owner = payload_end, e
         if end >= cursor:
@@ -246,6 +259,7 @@ def _check_layout(directory: ZipDirectory, locals_: Mapping[int, LocalHeader], o
         out.add(Code.ZIP_UNREFERENCED_DATA,
                 f"{directory.cd_offset - cursor} bytes at {cursor} before the central directory "
                 "belong to no entry", offset=cursor)
+        declare(out.an.regions, "gap", cursor, directory.cd_offset - cursor)
     cd_end = directory.cd_offset + directory.cd_size
     tail_start = directory.zip64_eocd_offset if directory.zip64_eocd_offset is not None \
         else directory.eocd_offset
@@ -258,10 +272,12 @@ def _check_layout(directory: ZipDirectory, locals_: Mapping[int, LocalHeader], o
         out.add(Code.ZIP_UNREFERENCED_DATA,
                 f"{tail_start - cd_end} bytes at {cd_end} between the central directory and its end "
                 "record belong to no entry", offset=cd_end)
+        declare(out.an.regions, "gap", cd_end, tail_start - cd_end)
     if directory.archive_end < directory.size:
         out.add(Code.ZIP_APPENDED_DATA,
                 f"{directory.size - directory.archive_end} bytes after the end of the archive "
                 f"(at {directory.archive_end}); torch ignores them", offset=directory.archive_end)
+        declare(out.an.regions, "appended", directory.archive_end, directory.size - directory.archive_end)
 
 
 def verify_crcs(source: ByteSource, directory: ZipDirectory, an: Analysis, *,

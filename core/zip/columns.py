@@ -14,7 +14,9 @@ comparisons over the central directory and the local headers:
   `<prefix>/`, no NUL, backslash, ':' or '..';
 * local headers: same name, flags and method as the central record (same sizes and CRC
   when bit 3 does not defer them), and records that tile the file exactly from byte 0 to
-  the central directory (header, data, data descriptor, next header).
+  the central directory (header, data, data descriptor, next header). A remote source reads
+  only the local headers the general path reads there (REMOTE_LOCALS); the other records
+  must tile the file at the offsets torch's writer gives them (`place_unread`).
 
 Any other archive raises `Decline` and is read by the general path, which reports the
 finding. So every archive this module accepts is one on which core.zip.checks finds nothing.
@@ -47,7 +49,7 @@ from ckptguard.core.zip.layout import (
     ZIP64_LOCATOR_SIZE,
     ZIP64_LOCATOR_STRUCT,
 )
-from ckptguard.core.zip.offsets import DESCRIPTOR_SIZE32
+from ckptguard.core.zip.offsets import DESCRIPTOR_SIZE32, FB_HEADER_SIZE
 
 FLAGS_ALLOWED = FLAG_DESCRIPTOR | FLAG_UTF8   # what torch's writer sets
 
@@ -63,11 +65,42 @@ class PlainArchive:
     index: dict[str, int]          # exact name -> row
     folded: dict[str, int]         # lower-cased name -> row (no two names fold alike)
     header_offset: Ints
-    data_offset: Ints              # from the local header: where torch reads the bytes
+    data_offset: Ints              # from the local header: where torch reads the bytes (-1:
+    # not read yet, see place_unread)
     size: Ints                     # stored: compressed == uncompressed
     cd_offset: int
     bytes_read: int                # what this module read (the source counts it too)
+    flags: Ints
+    locals_read: int               # local headers read (all of them on a local source)
     cd_size: int = 0               # the end records follow the directory, then the file ends
+
+    def place_unread(self, alignment: int) -> None:
+        """Rows whose local header was not read get the data offset torch's writer gives
+        them (header, name, the "FB" padding field, aligned): `check_tiles` then proves it,
+        since every header offset comes from the central directory."""
+        unread = np.flatnonzero(self.data_offset < 0)
+        if not len(unread):
+            return
+        start = (self.header_offset[unread] + LOCAL_SIZE + FB_HEADER_SIZE
+                 + np.fromiter((len(self.names[r]) for r in unread.tolist()), dtype=np.int64,
+                               count=len(unread)))
+        if alignment > 1:
+            start = -(-start // alignment) * alignment
+        self.data_offset[unread] = start
+
+    def check_tiles(self) -> None:
+        """The records tile the file from byte 0 to the central directory: header, data,
+        data descriptor, next header (no gap, no overlap)."""
+        header, data, size = self.header_offset, self.data_offset, self.size
+        if (data < 0).any():
+            raise Decline("a record without a data offset")
+        # a data descriptor follows each record written with bit 3 (zip64-sized: never here)
+        has_descriptor = ((self.flags & FLAG_DESCRIPTOR) != 0) & (size > 0)
+        end = data + size + np.where(has_descriptor, DESCRIPTOR_SIZE32, 0)
+        order = np.argsort(header, kind="stable")
+        if header[order[0]] != 0 or not np.array_equal(header[order[1:]], end[order[:-1]]) \
+                or end[order[-1]] != self.cd_offset:
+            raise Decline("records do not tile the file")
 
 
 def _u16(buf: npt.NDArray[np.uint8], at: Ints) -> Ints:
@@ -161,7 +194,7 @@ def _chunks(header: Ints, span: Ints, size: int) -> list[tuple[int, int]]:
     """Reads covering [header, header + span) of every entry: only spans that touch or overlap
     share a read, so what is read is the local headers and nothing between them, whatever the
     sizes of the records (a checkpoint of many small tensors is not read whole; a local pread
-    is cheap, and this lane runs on local sources only)."""
+    is cheap, and a remote source reads only a few headers)."""
     order = np.argsort(header, kind="stable")
     starts = header[order]
     ends = np.minimum(starts + span[order], size)
@@ -201,8 +234,19 @@ def _gather(source: ByteSource, chunks: Sequence[tuple[int, int]], at: Ints
     return np.frombuffer(b"".join(bufs), dtype=np.uint8), at - starts[which] + base[which]
 
 
+# The records whose local headers a remote scan reads, as the general path does
+# (core.formats.torch_zip.analyze_zip): the pickle, the first storage and torch's metadata.
+REMOTE_LOCALS = ("data.pkl", "data/0", "version", ".data/version", "byteorder",
+                 ".format_version", ".storage_alignment")
+
+
 def read_plain_archive(source: ByteSource, limits: Limits) -> PlainArchive:
-    """Columns of a torch-writer archive with no anomaly; Decline otherwise."""
+    """Columns of a torch-writer archive, its local headers checked; Decline otherwise. The
+    caller then calls `place_unread` and `check_tiles` (the alignment is in a record).
+
+    A local source has every local header read. A remote one (round trips cost more than
+    bytes) has only REMOTE_LOCALS's: the other rows' data offsets stay -1 until
+    `place_unread` gives them the writer's."""
     n_total, cd_offset, cd_size = _end_records(source, limits)
     cd = source.read_at(cd_offset, cd_size)
     joined, flags, header, size, crc = _central(cd, n_total)
@@ -221,39 +265,44 @@ def read_plain_archive(source: ByteSource, limits: Limits) -> PlainArchive:
     if len(folded) != n_total:
         raise Decline("names equal when lower-cased")
     name_len = np.fromiter(map(len, names), dtype=np.int64, count=len(names))
-    span = LOCAL_SIZE + name_len
-    chunks = _chunks(header, span, source.size)
-    buf, at = _gather(source, chunks, header)
+    if getattr(source, "random_access_cheap", False):
+        read_rows = np.arange(n_total, dtype=np.int64)
+    else:
+        pre = prefix.decode("ascii")
+        read_rows = np.array(sorted({row for r in REMOTE_LOCALS
+                                     if (row := folded.get(f"{pre}/{r}".lower())) is not None}),
+                             dtype=np.int64)
+    r_header, r_name_len, r_flags = header[read_rows], name_len[read_rows], flags[read_rows]
+    chunks = _chunks(r_header, LOCAL_SIZE + r_name_len, source.size)
+    buf, at = _gather(source, chunks, r_header)
     limit = len(buf)
-    if (at + LOCAL_SIZE + name_len > limit).any():
+    if (at + LOCAL_SIZE + r_name_len > limit).any():
         raise Decline("local header past the end")
     if (_u32(buf, at) != LOCAL_SIG).any():
         raise Decline("local header signature")
     l_flags, l_method = _u16(buf, at + 6), _u16(buf, at + 8)
     l_name, l_extra = _u16(buf, at + 26), _u16(buf, at + 28)
-    if not (np.array_equal(l_flags, flags) and np.array_equal(l_name, name_len)) or l_method.any():
+    if not (np.array_equal(l_flags, r_flags) and np.array_equal(l_name, r_name_len)) \
+            or l_method.any():
         raise Decline("local header disagrees with the central directory")
-    eager = np.flatnonzero((flags & FLAG_DESCRIPTOR) == 0)   # torch: empty records
+    eager = np.flatnonzero((r_flags & FLAG_DESCRIPTOR) == 0)   # torch: empty records
     if len(eager):   # bit 3 clear: the local header carries the real CRC and sizes
-        e_at = at[eager]
-        if not (np.array_equal(_u32(buf, e_at + 14), crc[eager])
-                and np.array_equal(_u32(buf, e_at + 18), size[eager])
-                and np.array_equal(_u32(buf, e_at + 22), size[eager])):
+        e_at, e_rows = at[eager], read_rows[eager]
+        if not (np.array_equal(_u32(buf, e_at + 14), crc[e_rows])
+                and np.array_equal(_u32(buf, e_at + 18), size[e_rows])
+                and np.array_equal(_u32(buf, e_at + 22), size[e_rows])):
             raise Decline("local sizes or CRC differ")
-    total = int(name_len.sum())
-    rel = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(name_len) - name_len, name_len)
-    local_names = buf[np.repeat(at + LOCAL_SIZE, name_len) + rel]
-    central_names = np.frombuffer(joined.replace(b"\n", b""), dtype=np.uint8)
+    total = int(r_name_len.sum())
+    rel = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(r_name_len) - r_name_len,
+                                                       r_name_len)
+    local_names = buf[np.repeat(at + LOCAL_SIZE, r_name_len) + rel]
+    central_names = np.frombuffer(b"".join(names[r].encode("ascii") for r in read_rows.tolist())
+                                  if len(read_rows) < n_total else joined.replace(b"\n", b""),
+                                  dtype=np.uint8)
     if not np.array_equal(local_names, central_names):
         raise Decline("local name differs")
-    data = header + LOCAL_SIZE + l_name + l_extra
-    # a data descriptor follows each record written with bit 3 (zip64-sized: never here)
-    has_descriptor = ((flags & FLAG_DESCRIPTOR) != 0) & (size > 0)
-    end = data + size + np.where(has_descriptor, DESCRIPTOR_SIZE32, 0)
-    order = np.argsort(header, kind="stable")
-    if header[order[0]] != 0 or not np.array_equal(header[order[1:]], end[order[:-1]]) \
-            or end[order[-1]] != cd_offset:
-        raise Decline("records do not tile the file")
+    data = np.full(n_total, -1, dtype=np.int64)
+    data[read_rows] = r_header + LOCAL_SIZE + l_name + l_extra
     read = EOCD_SIZE + cd_size + sum(n for _, n in chunks)
     return PlainArchive(prefix.decode("ascii"), names, index, folded, header, data, size,
-                        cd_offset, read, cd_size)
+                        cd_offset, read, flags, len(read_rows), cd_size)

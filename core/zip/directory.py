@@ -137,6 +137,9 @@ class ZipDirectory:
     comment: bytes
     zip64_eocd_offset: int | None = None
     folded: dict[bytes, ZipEntry] = field(default_factory=dict)   # lower-cased name -> torch's pick
+    # bytes prepended that the directory's offsets do not count: zipfile adds them to every
+    # offset (entries here are shifted already), torch's miniz does not and fails
+    shift: int = 0
 
     def find(self, name: str) -> ZipEntry | None:
         """The entry torch reads for `name`: miniz matches names case-insensitively (ASCII)."""
@@ -179,6 +182,9 @@ def eocd_search_start(size: int) -> int:
     while cur != 0 and size - cur < U16_MAX + EOCD_SIZE and cur - MINIZ_STEP >= 0:
         cur -= MINIZ_STEP
     return cur
+
+
+LOCATOR_PAST_END = "zip64 locator points past the end"   # miniz: "not a ZIP archive"
 
 
 def find_eocd(tail: bytes, tail_offset: int) -> int:
@@ -233,18 +239,20 @@ def read_directory(source: ByteSource, limits: Limits = DEFAULT_LIMITS) -> ZipDi
         if loc[:4] == ZIP64_LOCATOR_SIG:
             zip64 = True
             _, _, loc_offset, n_disks = ZIP64_LOCATOR_STRUCT.unpack(loc)
-            # miniz: try right before the locator first, then where the locator points
+            # miniz: the locator's offset must leave room for the record ("not a ZIP archive"),
+            # then it tries right before the locator, then where the locator points; with no
+            # record at either it reads the archive as zip32 (so does zipfile): measured
+            if loc_offset > size - ZIP64_EOCD_SIZE:
+                raise _fmt_err(Code.ZIP_BAD_EOCD, f"{LOCATOR_PAST_END} ({loc_offset})",
+                               eocd_offset - ZIP64_LOCATOR_SIZE)
             z64_offset = eocd_offset - ZIP64_LOCATOR_SIZE - ZIP64_EOCD_SIZE
             rec = _bytes_at(source, tail, tail_start, z64_offset, ZIP64_EOCD_SIZE)
             if rec[:4] != ZIP64_EOCD_SIG:
-                if loc_offset > size - ZIP64_EOCD_SIZE:
-                    raise _fmt_err(Code.ZIP_BAD_EOCD, f"zip64 locator points past the end ({loc_offset})",
-                                   eocd_offset - ZIP64_LOCATOR_SIZE)
                 z64_offset = loc_offset
                 rec = source.read_at(z64_offset, ZIP64_EOCD_SIZE)
-                if rec[:4] != ZIP64_EOCD_SIG:
-                    raise _fmt_err(Code.ZIP_BAD_EOCD, "no zip64 end-of-central-directory record",
-                                   z64_offset)
+            if rec[:4] != ZIP64_EOCD_SIG:
+                zip64, z64_offset = False, None
+        if zip64 and z64_offset is not None:
             (_, rec_size, _, _, disk, cd_disk, n_disk, n_total, cd_size,
              cd_offset) = ZIP64_EOCD_STRUCT.unpack(rec)
             if rec_size < ZIP64_EOCD_SIZE - 12:
@@ -258,6 +266,10 @@ def read_directory(source: ByteSource, limits: Limits = DEFAULT_LIMITS) -> ZipDi
         raise _fmt_err(Code.ZIP_MULTIPLE_DISKS,
                        f"multi-disk archive (disk {disk}, cd disk {cd_disk}, {n_disk}/{n_total} entries)",
                        eocd_offset)
+    end_of_cd = (z64_offset if z64_offset is not None else eocd_offset)
+    if cd_offset + cd_size > size:   # a directory the file cannot hold: miniz's error, not a cap
+        raise _fmt_err(Code.ZIP_BAD_EOCD, f"central directory [{cd_offset}, {cd_offset + cd_size}) "
+                       f"overruns the end records at {end_of_cd}", eocd_offset)
     if n_total > limits.max_zip_entries:
         raise LimitExceeded(Code.LIMIT_ENTRIES,
                             f"{n_total} zip entries exceed the cap of {limits.max_zip_entries}",
@@ -269,8 +281,7 @@ def read_directory(source: ByteSource, limits: Limits = DEFAULT_LIMITS) -> ZipDi
     if cd_size < n_total * CENTRAL_SIZE:
         raise _fmt_err(Code.ZIP_BAD_EOCD, f"{cd_size}-byte central directory cannot hold "
                        f"{n_total} entries", eocd_offset)
-    end_of_cd = (z64_offset if z64_offset is not None else eocd_offset)
-    if cd_offset + cd_size > size or cd_offset + cd_size > end_of_cd:
+    if cd_offset + cd_size > end_of_cd:
         raise _fmt_err(Code.ZIP_BAD_EOCD, f"central directory [{cd_offset}, {cd_offset + cd_size}) "
                        f"overruns the end records at {end_of_cd}", eocd_offset)
     cd = source.read_at(cd_offset, cd_size) if cd_size else b""
@@ -279,7 +290,14 @@ def read_directory(source: ByteSource, limits: Limits = DEFAULT_LIMITS) -> ZipDi
     gc_was_enabled = gc.isenabled()
     gc.disable()
     try:
-        entries = parse_central_directory(cd, cd_offset, n_total, size, disk)
+        shift = 0
+        try:
+            entries = parse_central_directory(cd, cd_offset, n_total, size, disk)
+        except FormatError:
+            moved = _shifted_directory(source, cd_offset, cd_size, end_of_cd, n_total, disk)
+            if moved is None:
+                raise
+            entries, cd_offset, shift = moved
         by_name, folded = torch_names(entries)
     finally:
         if gc_was_enabled:
@@ -287,7 +305,30 @@ def read_directory(source: ByteSource, limits: Limits = DEFAULT_LIMITS) -> ZipDi
     return ZipDirectory(size=size, entries=entries, by_name=by_name, folded=folded,
                         cd_offset=cd_offset, cd_size=cd_size, eocd_offset=eocd_offset,
                         archive_end=archive_end, zip64=zip64, comment=comment,
-                        zip64_eocd_offset=z64_offset)
+                        zip64_eocd_offset=z64_offset, shift=shift)
+
+
+def _shifted_directory(source: ByteSource, cd_offset: int, cd_size: int, end_of_cd: int,
+                       count: int, disk: int) -> tuple[list[ZipEntry], int, int] | None:
+    """(entries, directory offset, shift) as Python's zipfile reads an archive with bytes
+    prepended that its offsets do not count (`cat stub x.zip`): the directory is right
+    before its end records and every offset moves by the difference. miniz does not do
+    this (torch refuses the file). None unless the directory and the first local header
+    are really there."""
+    actual = end_of_cd - cd_size
+    if actual <= cd_offset:
+        return None
+    shift = actual - cd_offset
+    try:
+        entries = parse_central_directory(source.read_at(actual, cd_size), actual, count,
+                                          source.size, disk, shift)
+    except FormatError:
+        return None
+    if entries:
+        first = min(e.header_offset for e in entries)
+        if source.read_at(first, 4) != b"PK\x03\x04":
+            return None
+    return entries, actual, shift
 
 
 def decode_name(raw: bytes, flags: int) -> str:
@@ -327,8 +368,9 @@ def _zip64_extra(extra: bytes, want: Sequence[bool], where: int) -> list[int]:
 
 
 def parse_central_directory(cd: bytes, cd_offset: int, count: int, file_size: int,
-                            this_disk: int = 0) -> list[ZipEntry]:
-    """`count` central records from the buffer `cd` that starts at file offset `cd_offset`."""
+                            this_disk: int = 0, shift: int = 0) -> list[ZipEntry]:
+    """`count` central records from the buffer `cd` that starts at file offset `cd_offset`;
+    `shift` is added to every header offset (bytes prepended that the offsets do not count)."""
     unpack = CENTRAL_STRUCT.unpack_from
     entries: list[ZipEntry] = []
     append = entries.append
@@ -364,6 +406,7 @@ def parse_central_directory(cd: bytes, cd_offset: int, count: int, file_size: in
             raise _fmt_err(Code.ZIP_BAD_CENTRAL_DIR,
                            f"central record {index}: compressed size {csize} vs size {usize}",
                            cd_offset + pos)
+        hoff += shift
         if hoff + LOCAL_SIZE + csize > file_size:
             raise _fmt_err(Code.ZIP_BAD_CENTRAL_DIR,
                            f"central record {index}: record at {hoff} ({csize} bytes) past the end",

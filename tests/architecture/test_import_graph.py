@@ -21,14 +21,15 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # base: the error tree, caps, value nodes, the report and its accumulator, and the zip
     # format's byte layout (pure spec data: the remote source speculates with it)
     ("ckptguard.core", "ckptguard.core.errors", "ckptguard.core.limits", "ckptguard.core.values",
-     "ckptguard.core.report", "ckptguard.core.state", "ckptguard.core.zip.layout"),
+     "ckptguard.core.report", "ckptguard.core.state", "ckptguard.core.zip.layout",
+     "ckptguard.core.regions.region"),   # a region record: every layer may declare one
     ("ckptguard.core.io",),
     ("ckptguard.core.sniff",),
     ("ckptguard.core.zip",),
     ("ckptguard.core.pickle",),
     ("ckptguard.core.torch",),
     ("ckptguard.core.threats",),
-    ("ckptguard.core.judge",),
+    ("ckptguard.core.judge", "ckptguard.core.regions"),   # regions are judged as pickles are
     ("ckptguard.core.manifest",),
     ("ckptguard.core.formats",),
     ("ckptguard.core.lane",),

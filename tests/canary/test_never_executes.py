@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from ckptguard.core.scan import scan_path
+from tests.builders.carriers import CARRIERS
 from tests.builders.pickle_asm import asm
 from tests.core.legacy.conftest import stream
 
@@ -138,6 +139,10 @@ CONTAINERS: dict[str, tuple[str, Callable[[bytes], bytes]]] = {
     "legacy_after_blocks": ("x.pt", lambda p: stream(pickle.dumps({}, protocol=2), [], [], tail=p)),
     "torch_zip_after_stop": ("x.pt", lambda p: torch_zip(_torch_state_pkl() + p)),
     "numpy_object_array": ("x.npy", npy_object),
+    # regions torch skips but another reader would parse (issue 18): appended, prepended,
+    # gaps, unreferenced/refused/shadowed entries, generic zip, npz and tar members, zips
+    # inside regions (tests/builders/carriers.py)
+    **{f"region_{name}": ("x.pt", build) for name, (build, _kind) in CARRIERS.items()},
 }
 
 

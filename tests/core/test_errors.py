@@ -31,3 +31,13 @@ def test_verdict_worst_effect_wins() -> None:
     assert decide_verdict([f(Code.PICKLE_TRUNCATED), f(Code.PICKLE_UNKNOWN_GLOBAL)], False) == "invalid"
     assert decide_verdict([f(Code.PICKLE_TRUNCATED), f(Code.PICKLE_DANGEROUS_GLOBAL)], False) == "unsafe"
     assert Code.PICKLE_DANGEROUS_GLOBAL.effect is Effect.UNSAFE
+
+
+def test_every_unsafe_code_names_the_readers_that_disagree() -> None:
+    """`unsafe` needs evidence: each code with that effect says which two readers people use
+    would read different bytes or run different code, and only those codes do."""
+    from ckptguard.core.errors import UNSAFE_EVIDENCE, Code, Effect
+
+    unsafe = {c for c in Code if c.effect is Effect.UNSAFE}
+    assert set(UNSAFE_EVIDENCE) == unsafe
+    assert all(len(why) > 40 for why in UNSAFE_EVIDENCE.values())

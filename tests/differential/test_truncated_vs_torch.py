@@ -7,25 +7,15 @@ directory"). The scan must say not loadable, in torch's words, and never `safe`.
 
 from __future__ import annotations
 
-import warnings
 from pathlib import Path
 
 import pytest
 
 from ckptguard.core.scan import scan_path
+from tests.differential.torch_answer import torch_answer
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.torch
-
-
-def _torch_outcome(path: Path) -> tuple[bool, str | None, str | None]:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        try:
-            torch.load(path, weights_only=True)
-        except Exception as exc:   # torch's refusal is the oracle's answer
-            return False, type(exc).__name__, (str(exc).splitlines() or [""])[0]
-    return True, None, None
 
 
 @pytest.mark.parametrize("legacy", [False, True])
@@ -39,7 +29,7 @@ def test_truncated_checkpoints_match_torch(tmp_path: Path, legacy: bool) -> None
     cut_file = tmp_path / "cut.pt"
     for cut in cuts:
         cut_file.write_bytes(data[:cut])
-        loads, error_type, error = _torch_outcome(cut_file)
+        loads, error_type, error = torch_answer(cut_file)
         report = scan_path(cut_file)
         wo = report.weights_only
         assert not loads and report.verdict != "safe", cut

@@ -260,3 +260,30 @@ def test_an_indented_line_joined_by_a_backslash_is_still_indented() -> None:
         ast.literal_eval(text)
     with pytest.raises(LiteralError, match="indent"):
         parse_literal(text)
+
+
+_LAYOUT = ["\\\n", " ", "\t", "\f", "#c\n", "\n", "1", "\\\r\n", "\r\n", "#\\\n", ","]
+
+
+def test_line_layout_agrees_with_literal_eval_exhaustively() -> None:
+    """Every text of up to four layout pieces (indentation, form feeds, blank and comment
+    lines, backslash continuations, CR LF): the random property above twice found an
+    indentation rule missed, so the layout alphabet is enumerated, not sampled (16,104 texts).
+    The rule is CPython's tokenizer; 3.11.2, 3.11.7, 3.12 and 3.13 agree on every one."""
+    import itertools
+
+    disagree = []
+    for n in range(1, 5):
+        for pieces in itertools.product(_LAYOUT, repeat=n):
+            text = "".join(pieces)
+            try:
+                expected: Any = ("ok", ast.literal_eval(text))
+            except (ValueError, SyntaxError):
+                expected = ("err", None)
+            try:
+                got: Any = ("ok", parse_literal(text))
+            except LiteralError:
+                got = ("err", None)
+            if got != expected:
+                disagree.append(text)
+    assert not disagree, disagree[:10]

@@ -252,7 +252,7 @@ def test_a_small_tuple_dag_key_loads_as_in_torch(holder: str) -> None:
     data = _DAG_HOLDERS[holder](_dag_key(12))
     wou.Unpickler(io.BytesIO(data), encoding="utf-8").load()   # the oracle: raises if torch refuses
     report = scan_source(BytesSource(data))
-    assert report.weights_only.loadable, report.weights_only.error
+    assert report.weights_only.policy_accepts, report.weights_only.error
     assert report.verdict == "safe"
 
 

@@ -44,7 +44,9 @@ def test_hook_failure_is_invalid_then_pool_recovers(make_client, hook, code) -> 
 
 
 def test_wall_clock_timeout(make_client) -> None:
-    client = make_client(test_hooks=True, scan_timeout_seconds=1.0)
+    # 3 s, not 1: the scan after the timeout runs on a freshly spawned worker, and on a loaded
+    # machine booting it and scanning can take over a second (the sleep hook sleeps an hour)
+    client = make_client(test_hooks=True, scan_timeout_seconds=3.0)
     r = upload(client, benign_pickle(nonce()), headers={HOOK: "sleep"})
     assert r.json()["verdict"] == "invalid" and codes(r.json()) == ["TIMEOUT"]
     assert restarts(client, "TIMEOUT") == 1

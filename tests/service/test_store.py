@@ -70,14 +70,16 @@ def test_reports_survive_reopen_and_cache_key(url: str) -> None:
     store = Store.open(url)                                           # migrate again: idempotent
     try:
         got = store.get(saved.id)
-        assert got is not None and got.report == report(sha, "unsafe")
-        assert got.created_at.tzinfo is not None
+        assert got is not None and got.record.created_at.tzinfo is not None
+        assert {**got.report_head(), "tensors": list(store.part_rows(
+            got.record.analysis_id, "tensors", got.tensor_count))} == {
+            **report(sha, "unsafe"), "tensors": ['{"name":"é"}']}
         hit = store.find_cached(sha, "0.1.0", "p")
-        assert hit is not None and hit.id == saved.id
+        assert hit is not None and hit.record_id == saved.id and hit.verdict == "unsafe"
         assert store.find_cached(sha, "0.2.0", "p") is None
         assert store.find_cached(sha, "0.1.0", "other") is None
         assert store.find_cached("cd" * 32, "0.1.0", "p") is None
-        assert [s.report["verdict"] for s in store.list(sha256=sha).items] == ["invalid", "unsafe"]
+        assert [s["verdict"] for s in store.list(sha256=sha).items] == ["invalid", "unsafe"]
     finally:
         store.close()
 
@@ -89,7 +91,7 @@ def test_pagination_is_stable(url: str) -> None:
         seen, cursor = [], None
         while True:
             page = store.list(limit=3, cursor=cursor)
-            seen += [s.id for s in page.items]
+            seen += [s["id"] for s in page.items]
             if page.next_cursor is None:
                 break
             cursor = page.next_cursor

@@ -23,6 +23,10 @@ def test_url_scan_in_the_pool(make_client, srv) -> None:
     r = client.post("/scan/url", json={"url": srv.url("/evil.pkl")})
     assert r.status_code == 200, r.text
     assert r.json()["verdict"] == "unsafe" and r.json()["source"]["kind"] == "url"
+    # stored like an upload, with an id of its own, the same bytes when read back
+    assert r.json()["cached"] is False and client.get(f"/scans/{r.json()['id']}").content == r.content
+    again = client.post("/scan/url", json={"url": srv.url("/evil.pkl")}).json()
+    assert again["id"] != r.json()["id"] and again["cached"] is False   # never from the cache
     assert client.post("/scan/url", json={"url": srv.url("/ok.pkl")}).json()["verdict"] == "safe"
     assert client.app.state.jobs.busy == busy_before
     # A SourceError raised inside the worker arrives intact: 502 SOURCE_HTTP, not a 500.

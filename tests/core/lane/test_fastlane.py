@@ -17,9 +17,10 @@ from ckptguard.core.io.source import BytesSource
 from ckptguard.core.lane import torch_zip as fastlane
 from ckptguard.core.pickle.fast import tokenize as pickletoken
 from ckptguard.core.pickle.fast.column_stubs import RebuildCall
-from ckptguard.core.scan import scan_path
-from ckptguard.core.state import Analysis
+from ckptguard.core.scan import scan_path, scan_source
+from ckptguard.core.state import Analysis, ScanOptions
 from tests.agreement import assert_agree, reports
+from tests.agreement import comparable as comparable_report
 from tests.builders.pickle_asm import asm
 from tests.builders.torchlayout import META, state_dict, torch_layout, v2
 
@@ -359,3 +360,51 @@ def test_generated_state_dicts_get_the_general_report(data: bytes, tmp_path_fact
     fast, slow = both_paths(path)
     assert fast == slow
     event(f"lane took it: {lane_takes(data)}")
+
+
+class _RemoteLike(BytesSource):
+    """Bytes read as a remote source is: random reads are not cheap, so a scan reads only the
+    local headers torch's offset chain needs (core.formats.torch_zip, core.zip.columns)."""
+
+    random_access_cheap = False
+
+
+def _remote_reports(data: bytes) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(the lane's report, the general path's) of `data` read as a remote source, with the
+    local-header counts (what was read differs in spans, not in what was judged)."""
+    out = []
+    for engine in ("auto", "general"):
+        report = scan_source(_RemoteLike(data, name="x.pt"),
+                             options=ScanOptions(engine=engine))  # type: ignore[arg-type]
+        view = comparable_report(report)
+        view["zip_io"] = {k: report.io.get(k) for k in ("zip_local_headers_read", "zip_entries")}
+        out.append(view)
+    return out[0], out[1]
+
+
+@pytest.mark.parametrize("case", sorted(TAKEN))
+def test_the_lane_takes_remote_archives_with_the_general_report(case: str) -> None:
+    data = TAKEN[case]()
+    assert fastlane.try_torch_zip(_RemoteLike(data), Analysis())
+    fast, slow = _remote_reports(data)
+    assert fast == slow
+    assert fast["verdict"] == "safe" and fast["zip_io"]["zip_local_headers_read"] < \
+        fast["zip_io"]["zip_entries"]
+
+
+@pytest.mark.parametrize("case", sorted(_declined()))
+def test_remote_archives_the_lane_declines_get_the_general_report(case: str) -> None:
+    fast, slow = _remote_reports(_declined()[case])
+    assert fast == slow
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_mutated_remote_archives_get_the_general_report(data: st.DataObject) -> None:
+    """Mutations anywhere, the local headers a remote scan does not read included."""
+    base = bytearray(_nested() if data.draw(st.booleans()) else _tied_views())
+    for _ in range(data.draw(st.integers(1, 4))):
+        base[data.draw(st.integers(0, len(base) - 1))] = data.draw(st.integers(0, 255))
+    fast, slow = _remote_reports(bytes(base))
+    assert fast == slow
+    event(f"lane took it: {fastlane.try_torch_zip(_RemoteLike(bytes(base)), Analysis())}")

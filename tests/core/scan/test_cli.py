@@ -111,3 +111,15 @@ def test_unreadable_path_exits_four(tmp_path: Path, capsys: pytest.CaptureFixtur
 def test_codes_command_prints_the_table(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["codes"]) == 0
     assert "| `PICKLE_DANGEROUS_GLOBAL` | critical | unsafe |" in capsys.readouterr().out
+
+
+def test_a_clean_pickle_says_what_torch_load_and_the_policy_answer(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import pickle
+
+    path = tmp_path / "config.pkl"
+    path.write_bytes(pickle.dumps({"lr": 0.1}, protocol=2))
+    assert main(["scan", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "weights_only load: no — RuntimeError: Invalid magic number; corrupt file?; the " \
+        "weights-only policy accepts its pickles" in out

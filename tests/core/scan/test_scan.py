@@ -36,7 +36,10 @@ def test_plain_pickle_of_plain_data_is_safe() -> None:
     report = scan_source(BytesSource(pickle.dumps({"lr": 0.1, "steps": [1, 2]}, protocol=2)))
     assert report.format == "pickle"
     assert report.verdict == "safe", report.findings
-    assert report.weights_only.loadable
+    assert report.weights_only.policy_accepts
+    # torch.load reads a non-zip file as its legacy format: the first pickle is no magic number
+    assert (report.weights_only.loadable, report.weights_only.error_type, report.weights_only.error) \
+        == (False, "RuntimeError", "Invalid magic number; corrupt file?")
 
 
 def test_plain_pickle_with_os_system_is_unsafe(tmp_path: Path) -> None:
@@ -79,3 +82,32 @@ def test_report_json_has_the_contract_fields() -> None:
         assert key in out
     assert out["scanner"]["policy"] == "torch-2.13-weights-only"
     assert set(out["weights_only"]) >= {"loadable", "error", "unsafe_globals"}
+
+
+def test_torchs_answer_on_a_plain_pickle_reuses_the_policy_replay(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pickle without persistent ids reads alike with and without torch's storage hook:
+    its first (only) pickle is not emulated a second time for torch.load's literal answer."""
+    from ckptguard.core.formats import torch_legacy
+
+    def twice(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the first pickle was emulated again")
+
+    monkeypatch.setattr(torch_legacy, "emulate", twice)
+    report = scan_source(BytesSource(pickle.dumps({"steps": list(range(1000))}, protocol=2)))
+    assert (report.weights_only.error, report.weights_only.policy_accepts) == \
+        ("Invalid magic number; corrupt file?", True)
+
+
+def test_torchs_answer_on_a_npy_reads_no_weights() -> None:
+    """torch.load refuses a .npy at its first byte (STACK_GLOBAL, "Unsupported operand 147"):
+    finding that out reads the head, not the array."""
+    import io
+
+    import numpy as np
+
+    buf = io.BytesIO()
+    np.save(buf, np.zeros(1_000_000, dtype=np.float32))
+    report = scan_source(BytesSource(buf.getvalue()))
+    assert (report.weights_only.error, report.verdict) == ("Unsupported operand 147", "safe")
+    assert report.io["bytes_read"] < 400_000

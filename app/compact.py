@@ -1,0 +1,224 @@
+"""A report split for compact storage, and joined again as a stream of JSON bytes.
+
+Strategy: a report's size is its manifest (`tensors`, `storages`: one row per tensor view,
+~250 bytes each, 500,000 rows for a 7 MB checkpoint). The rest of it (verdict, findings,
+globals) is the *head*. Stored, the head is one compressed blob; each manifest part is a
+series of compressed chunks of `ROWS_PER_CHUNK` rows, one JSON row per line (a line can be
+picked without decoding its neighbours), and a few columns per tensor go to their own table
+for the tensor endpoint to filter and sort on. `stream` writes the report back chunk by
+chunk: the bytes equal `JSONResponse(report)`'s (same separators, same key order), and
+memory follows one chunk, never the report. Pure functions: the store and the migration
+that moved old rows into this layout (app/migrations/versions/0003_compact.py) share them.
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, NamedTuple
+
+import sqlalchemy as sa
+
+# JSONResponse's encoding (starlette.responses.JSONResponse.render): the bytes a client got
+# before reports were streamed.
+_ENCODER = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+dumps = _ENCODER.encode
+
+MANIFEST = ("tensors", "storages")       # the report's parts stored as chunks
+ROWS_PER_CHUNK = 256
+SEVERITIES = ("critical", "high", "medium", "low", "info")
+TOP_FINDINGS = 5
+STREAM_PIECE_CHARS = 256 * 1024          # characters joined before a piece is sent
+NO_OFFSET = -1                           # data_offset key of a row without one (sorts first)
+INSERT_BATCH = 5000                      # tensor key rows per INSERT
+
+
+class Layout(NamedTuple):
+    """The tables an analysis is written to (app/tables.py: analyses, manifest_chunks,
+    tensor_keys)."""
+
+    analyses: sa.Table | sa.TableClause
+    chunks: sa.Table | sa.TableClause
+    keys: sa.Table | sa.TableClause
+
+
+def pack(value: Any) -> bytes:
+    """`value` as compressed JSON."""
+    return zlib.compress(dumps(value).encode(), 6)
+
+
+def unpack(blob: bytes) -> Any:
+    return json.loads(zlib.decompress(blob))
+
+
+def head_of(report: Mapping[str, Any]) -> dict[str, Any]:
+    """The report without its manifest; an empty list holds each manifest part's place, so
+    the keys keep their order when the report is joined again."""
+    return {key: [] if key in MANIFEST and isinstance(value, list) else value
+            for key, value in report.items()}
+
+
+def _rank(finding: Mapping[str, Any]) -> int:
+    severity = finding.get("severity")
+    return SEVERITIES.index(severity) if severity in SEVERITIES else len(SEVERITIES)
+
+
+def summary_of(report: Mapping[str, Any]) -> dict[str, Any]:
+    """What a list of scans shows: the scanner, counts, the most severe findings (report order
+    among equals)."""
+    findings = [f for f in report.get("findings") or [] if isinstance(f, Mapping)]
+    by_severity: dict[str, int] = {}
+    for finding in findings:
+        severity = str(finding.get("severity"))
+        by_severity[severity] = by_severity.get(severity, 0) + 1
+    worst = sorted(findings, key=_rank)[:TOP_FINDINGS]
+    return {
+        "scanner": report.get("scanner"),
+        "counts": {"findings": by_severity, "tensors": len(report.get("tensors") or []),
+                   "storages": len(report.get("storages") or []),
+                   "globals": len(report.get("globals") or [])},
+        "findings": [{"code": f.get("code"), "severity": f.get("severity"),
+                      "message": f.get("message")} for f in worst],
+    }
+
+
+def chunks_of(rows: list[Any]) -> Iterator[tuple[int, bytes]]:
+    """(chunk number, compressed lines) for each run of ROWS_PER_CHUNK rows."""
+    for number, start in enumerate(range(0, len(rows), ROWS_PER_CHUNK)):
+        lines = "\n".join(map(dumps, rows[start:start + ROWS_PER_CHUNK]))
+        yield number, zlib.compress(lines.encode(), 6)
+
+
+def chunk_lines(blob: bytes) -> list[str]:
+    """The JSON rows of one stored chunk (JSON text has no raw newline: one row per line)."""
+    return zlib.decompress(blob).decode().split("\n")
+
+
+def _int_or(value: Any, default: int) -> int:
+    return value if type(value) is int else default
+
+
+def tensor_keys(rows: Iterable[Any]) -> Iterator[tuple[int, str, str, int, int]]:
+    """(index, name, dtype, nbytes, data_offset) per tensor row: what the tensor endpoint
+    filters and sorts on. Rows of old reports may miss fields: they get neutral keys."""
+    for index, row in enumerate(rows):
+        fields: Mapping[str, Any] = row if type(row) is dict or isinstance(row, Mapping) else {}
+        name, dtype = fields.get("name"), fields.get("dtype")
+        yield (index, name if type(name) is str else str(name or ""),
+               dtype if type(dtype) is str else str(dtype or ""),
+               _int_or(fields.get("nbytes"), 0), _int_or(fields.get("data_offset"), NO_OFFSET))
+
+
+def dtype_totals(rows: Iterable[Any]) -> list[dict[str, Any]]:
+    """[{dtype, count, nbytes}] over all tensor rows, most bytes first."""
+    totals: dict[str, list[int]] = {}
+    for _index, _name, dtype, nbytes, _offset in tensor_keys(rows):
+        entry = totals.setdefault(dtype, [0, 0])
+        entry[0] += 1
+        entry[1] += nbytes
+    return [{"dtype": d, "count": c, "nbytes": n}
+            for d, (c, n) in sorted(totals.items(), key=lambda kv: (-kv[1][1], kv[0]))]
+
+
+def stream(fields: Mapping[str, Any], head: Mapping[str, Any],
+           part_rows: Callable[[str], Iterable[str]]) -> Iterator[bytes]:
+    """The JSON object `{**fields, **head}` where each manifest part of `head` is replaced by
+    the rows `part_rows(part)` yields (pieces of rows already JSON-encoded and joined by
+    commas), in pieces of about STREAM_PIECE_CHARS."""
+    buffer: list[str] = ["{"]
+    size = 1
+    first = True
+    for key, value in [*fields.items(), *head.items()]:
+        buffer.append(("" if first else ",") + dumps(key) + ":")
+        first = False
+        if key not in MANIFEST or not isinstance(value, list):
+            buffer.append(dumps(value))
+            size += len(buffer[-1])
+            continue
+        buffer.append("[")
+        empty = True
+        for piece in part_rows(key):
+            buffer.append(piece if empty else "," + piece)
+            empty = False
+            size += len(piece)
+            if size >= STREAM_PIECE_CHARS:
+                yield "".join(buffer).encode()
+                buffer, size = [], 0
+        buffer.append("]")
+    buffer.append("}")
+    yield "".join(buffer).encode()
+
+
+def rows_in_pieces(rows: list[Any]) -> Iterator[str]:
+    """An in-memory manifest part as `stream` wants it: rows encoded a chunk at a time."""
+    for start in range(0, len(rows), ROWS_PER_CHUNK):
+        yield ",".join(map(dumps, rows[start:start + ROWS_PER_CHUNK]))
+
+
+def batches(items: Iterable[Any], size: int) -> Iterator[list[Any]]:
+    """`items` in lists of `size` (the last one shorter)."""
+    batch: list[Any] = []
+    for item in items:
+        batch.append(item)
+        if len(batch) >= size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """A report encoded for storage, before a write transaction: the CPU-heavy part (JSON,
+    compression) runs outside the store's write lock; what it holds is compressed."""
+
+    report: Mapping[str, Any]
+    head: bytes
+    chunks: dict[str, list[bytes]]          # part -> compressed chunks, in order
+    summary: dict[str, Any]
+    dtypes: list[dict[str, Any]]
+
+    def rows(self, part: str) -> list[Any]:
+        rows = self.report.get(part)
+        return rows if isinstance(rows, list) else []
+
+
+def prepare(report: Mapping[str, Any]) -> Prepared:
+    return Prepared(report=report, head=pack(head_of(report)),
+                    chunks={part: [blob for _n, blob in chunks_of(rows)]
+                            for part in MANIFEST
+                            if isinstance(rows := report.get(part), list)},
+                    summary=summary_of(report),
+                    dtypes=dtype_totals(report.get("tensors") or []))
+
+
+def insert_analysis(conn: sa.Connection, tables: Layout, report: Mapping[str, Any] | Prepared, *,
+                    policy: str, cacheable: bool, now: datetime) -> int:
+    """Write the analysis of `report` (head, chunks, tensor keys) in bounded batches; its id.
+    `tables` are the store's (app/tables.py), or a migration's own view of them."""
+    ready = report if isinstance(report, Prepared) else prepare(report)
+    source = ready.report.get("source") or {}
+    stored_bytes = len(ready.head) + sum(len(b) for blobs in ready.chunks.values() for b in blobs)
+    analysis_id: int = conn.execute(tables.analyses.insert().values(
+        created_at=now, sha256=str(source.get("sha256") or ""),
+        scanner_version=str((ready.report.get("scanner") or {}).get("version", "")),
+        policy=policy, cacheable=cacheable, head=ready.head, summary=ready.summary,
+        dtypes=ready.dtypes, tensor_count=len(ready.rows("tensors")),
+        storage_count=len(ready.rows("storages")), stored_bytes=stored_bytes)
+        .returning(tables.analyses.c.id)).scalar_one()
+    for part, blobs in ready.chunks.items():
+        for batch in batches(enumerate(blobs), 64):
+            conn.execute(tables.chunks.insert(), [
+                {"analysis_id": analysis_id, "part": part, "chunk": n, "data": blob}
+                for n, blob in batch])
+    # 500,000 rows: the driver's executemany on plain tuples, not SQLAlchemy's per-row dicts
+    columns = ("analysis_id", "idx", "name", "dtype", "nbytes", "data_offset")
+    mark = "?" if conn.dialect.paramstyle == "qmark" else "%s"
+    sql = (f"INSERT INTO {tables.keys.name} ({', '.join(columns)}) "  # noqa: S608 (names are ours)
+           f"VALUES ({', '.join([mark] * len(columns))})")
+    for keys in batches(tensor_keys(ready.rows("tensors")), INSERT_BATCH):
+        conn.exec_driver_sql(sql, [(analysis_id, *key) for key in keys])
+    return analysis_id

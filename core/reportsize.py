@@ -1,0 +1,170 @@
+"""The report's total size cap: past it the lists are cut, counted, and the scan fails closed.
+
+Strategy: a report's JSON is `json.dumps(report.to_json())` (ASCII, default separators: the
+largest form the service or the CLI writes without indentation). Its size is bounded
+column-wise at C speed (joined strings, counts, the widest integer), never by serializing the
+manifest: a 100k-tensor report costs more to serialize than to scan. Only when that bound
+passes the budget are rows measured one by one, and the lists keep the rows that fit, in
+this order: findings, globals, unsafe globals, tensors, storages. One LIMIT_REPORT finding
+(effect: suspicious) counts what was left out, so a cut report is never `safe`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Iterable, Sequence
+from itertools import chain
+from json.encoder import encode_basestring_ascii  # type: ignore[attr-defined]
+from operator import countOf, itemgetter
+from typing import Any
+
+from ckptguard.core.errors import Code
+from ckptguard.core.limits import Limits
+from ckptguard.core.report import NAME_MARK, Finding, Report, StorageEntry, TensorEntry
+
+# JSON of a row whose strings are empty, lists empty, optional fields null, numbers 0: what
+# every row costs before its variable parts (field names, quotes, separators, "false")
+_TENSOR_FIXED = len(json.dumps(TensorEntry("", [], "", [], [], 0, "", "", False, 0, 0, "",
+                                           ()).to_json()))
+_STORAGE_FIXED = len(json.dumps(StorageEntry("", "", 0, 0, "", "", 0, False).to_json()))
+_RESERVE = 4096   # the LIMIT_REPORT finding itself, with its counts
+
+
+def report_budget(limits: Limits, bytes_read: int, tensors: int) -> int:
+    """JSON bytes a report may take: a floor, plus a share per byte of metadata read and
+    per tensor, never past `Limits.max_report_bytes`."""
+    return min(limits.max_report_bytes,
+               limits.report_floor_bytes + limits.report_bytes_per_byte_read * bytes_read
+               + limits.report_bytes_per_tensor * tensors)
+
+
+def _text(strings: Iterable[str | None]) -> int:
+    """JSON characters of the strings' contents (escapes included, quotes not), summed."""
+    joined = "".join(filter(None, strings))
+    return len(encode_basestring_ascii(joined)) - 2 if joined else 0
+
+
+def _width(*numbers: Iterable[int]) -> int:
+    """At least the characters of the widest integer among `numbers`, a sign included."""
+    widest = int(max(map(abs, chain(*numbers)), default=0))
+    if widest.bit_length() > 10_000:   # `str` refuses ints past 4,300 digits
+        return widest.bit_length() * 30103 // 100000 + 2
+    return len(str(widest)) + 1
+
+
+def tensors_bound(tensors: Sequence[TensorEntry], max_name_chars: int) -> int:
+    """An upper bound of the JSON characters of the tensor rows (with their separators), in
+    a few C-speed passes over the columns."""
+    n = len(tensors)
+    if not n:
+        return 0
+
+    def column(i: int) -> Iterable[Any]:
+        return map(itemgetter(i), tensors)
+
+    names = "".join(column(0))
+    # a path's segments hold its name's characters minus the dots, plus per segment two
+    # quotes and ", "; a shortened path (NAME_MARK) may hold up to max_name_chars more
+    name_text = len(encode_basestring_ascii(names)) - 2
+    shortened = names.count(NAME_MARK)
+    segments = sum(map(len, column(1)))
+    dims = sum(map(len, column(3))) + sum(map(len, column(4)))
+    dim_width = _width(chain.from_iterable(column(3)), chain.from_iterable(column(4))) + 2
+    # the fixed row has 0 for each integer and "" for each text: the rest, and null's extra
+    ints = _width(column(5)) + _width(filter(None, column(9))) + _width(column(10)) - 3
+    nulls = 2 * (countOf(column(6), None) + countOf(column(11), None)) + 3 * countOf(column(9), None)
+    # dtype and kind come from small sets: the longest one per row
+    closed = sum(max(map(len, map(encode_basestring_ascii, set(column(i))))) - 2 for i in (2, 7))
+    return (n * (_TENSOR_FIXED + 2 + ints + closed) + nulls
+            + 2 * name_text + 4 * segments + shortened * max_name_chars + dims * dim_width
+            + _text(column(6)) + _text(column(11)) + 8 * sum(map(len, column(12))))
+
+
+def storages_bound(storages: Sequence[StorageEntry]) -> int:
+    """An upper bound of the JSON characters of the storage rows (with their separators)."""
+    n = len(storages)
+    if not n:
+        return 0
+
+    def column(i: int) -> Iterable[Any]:
+        return map(itemgetter(i), storages)
+
+    ints = sum(_width(filter(None, column(i))) for i in (2, 3, 6)) - 3
+    nulls = 2 * countOf(column(5), None) + 3 * countOf(column(6), None)
+    return (n * (_STORAGE_FIXED + 2 + ints) + nulls
+            + sum(_text(column(i)) for i in (0, 1, 4, 5)))
+
+
+def _size(value: Any) -> int:
+    return len(json.dumps(value))
+
+
+_CHUNK = 1024
+
+
+def _fit(items: Sequence[Any], room: int, bound: Any = None) -> tuple[int, int]:
+    """(how many leading items fit in `room` JSON characters, the characters they take at
+    most). With `bound` (a column bound of a slice), whole chunks that fit by their bound
+    are taken without serializing a row; the chunk that may not fit is measured row by row."""
+    used = 0
+    start = 0
+    if bound is not None:
+        while start < len(items):
+            cost = bound(items[start:start + _CHUNK])
+            if used + cost > room:
+                break
+            used += cost
+            start += _CHUNK
+    for i in range(start, len(items)):
+        item = items[i]
+        cost = _size(item.to_json() if hasattr(item, "to_json") else item) + 2
+        if used + cost > room:
+            return i, used
+        used += cost
+    return len(items), used
+
+
+def cap_report(report: Report, budget: int, max_name_chars: int) -> Finding | None:
+    """Cut `report`'s lists, in place, to fit `budget` JSON bytes; the LIMIT_REPORT finding
+    (already appended to the report) if any was cut, else None."""
+    wo = report.weights_only
+    hint = wo.safe_globals_hint
+    bare = dataclasses.replace(report, globals=[], findings=[], tensors=[], storages=[],
+                               weights_only=dataclasses.replace(wo, unsafe_globals=[],
+                                                                safe_globals_hint=None))
+    fixed = _size(bare.to_json())
+    lists: list[tuple[str, Sequence[Any], Any]] = [
+        ("findings", report.findings, None), ("globals", report.globals, None),
+        ("unsafe globals", wo.unsafe_globals, None),
+        ("tensors", report.tensors, lambda rows: tensors_bound(rows, max_name_chars)),
+        ("storages", report.storages, storages_bound)]
+    bound = (fixed + _size([f.to_json() for f in report.findings])
+             + _size([g.to_json() for g in report.globals]) + _size(wo.unsafe_globals)
+             + (_size(hint) if hint else 0) + tensors_bound(report.tensors, max_name_chars)
+             + storages_bound(report.storages))
+    if bound <= budget:
+        return None
+    room = budget - fixed - _RESERVE
+    kept: list[tuple[str, int, int]] = []
+    for label, items, bound in lists:
+        count, used = _fit(items, max(room, 0), bound)
+        kept.append((label, count, len(items)))
+        room -= used
+    if all(count == total for _, count, total in kept) and (not hint or _size(hint) <= room):
+        return None   # the bound was loose: every row fits
+    counts = {label: count for label, count, _ in kept}
+    report.findings = report.findings[:counts["findings"]]
+    report.globals = report.globals[:counts["globals"]]
+    report.storages = report.storages[:counts["storages"]]
+    report.tensors = report.tensors[:counts["tensors"]]
+    if counts["unsafe globals"] < len(wo.unsafe_globals) or (hint and _size(hint) > room):
+        wo.safe_globals_hint = None
+    wo.unsafe_globals = wo.unsafe_globals[:counts["unsafe globals"]]
+    left_out = ", ".join(f"{total - count:,} of {total:,} {label}"
+                         for label, count, total in kept if count < total) or "the hint"
+    finding = Finding(Code.LIMIT_REPORT, f"the report would pass its cap of {budget:,} JSON "
+                      f"bytes (Limits: a floor + per byte read + per tensor, at most "
+                      f"max_report_bytes): not listed: {left_out}")
+    report.findings.append(finding)
+    return finding

@@ -1,0 +1,47 @@
+"""Cold start (issue 14): a scan imports what the file needs. A whole-process scan of a small
+pickle loads no module a pickle does not need (numpy, the zip layers, HTTP, the export judge,
+hashlib's OpenSSL start-up), and import-time tables are not built from pickletools."""
+
+from __future__ import annotations
+
+import json
+import pickle
+import pickletools
+import subprocess
+import sys
+from pathlib import Path
+
+from ckptguard.core.sniff import _PICKLE_FIRST_OPS
+
+# what a small pickle's scan must not pay for at start-up
+# (core.zip.layout, the zip structs, is small: the region judge reads a local header with it)
+_NOT_FOR_A_PICKLE = ("numpy", "hashlib", "pickletools", "httpx", "ckptguard.core.zip.directory",
+                     "ckptguard.core.zip.columns", "ckptguard.core.zip.checks",
+                     "ckptguard.core.io.http", "ckptguard.core.formats.export",
+                     "ckptguard.core.lane", "ckptguard.core.manifest", "ckptguard.app.api")
+
+
+def test_a_small_pickle_scan_imports_only_what_a_pickle_needs(tmp_path: Path) -> None:
+    target = tmp_path / "tiny.pkl"
+    target.write_bytes(pickle.dumps({"a": [1, 2, 3], "b": "x" * 200}, protocol=2))
+    code = ("import json, sys\n"
+            "from ckptguard.app.cli import main\n"
+            f"status = main(['scan', '-q', {str(target)!r}])\n"
+            "print(json.dumps([status, sorted(sys.modules)]))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, timeout=120)
+    status, modules = json.loads(out.stdout.splitlines()[-1])
+    assert status == 0   # safe: the scan ran
+    assert "ckptguard.core.formats.pickle_file" in modules
+    loaded = [m for m in modules if any(m == p or m.startswith(p + ".") for p in _NOT_FOR_A_PICKLE)]
+    assert loaded == []
+
+
+def test_the_first_opcode_table_is_pickletools_own() -> None:
+    """core.sniff writes the table out (no pickletools import at start-up): it must be the
+    opcodes that take nothing from the stack, plus the few kept so such bytes read as a pickle."""
+    built = frozenset(op.code.encode("latin-1")[0] for op in pickletools.opcodes
+                      if not op.stack_before) | frozenset(
+        b"(.0123IJKLMNFGSTUVXcdehijklnoprqs}])\x88\x89\x8a\x8b\x8c\x8d\x8e\x8f"
+        b"\x90\x91\x92\x93\x94\x95\x96\x97\x98")
+    assert built == _PICKLE_FIRST_OPS

@@ -1,0 +1,33 @@
+"""What torch.load(path, weights_only=True) answers, as the report's weights_only states it.
+
+The one normalisation: for an `UnpicklingError` the report keeps the restricted unpickler's
+own line, which torch wraps in its "Weights only load failed..." text.
+"""
+
+from __future__ import annotations
+
+import pickle
+import warnings
+from pathlib import Path
+
+
+def torch_first_line(exc: BaseException) -> str:
+    """torch's first line; the restricted unpickler's own for a wrapped UnpicklingError."""
+    text = str(exc)
+    if isinstance(exc, pickle.UnpicklingError) and text.startswith("Weights only load failed."):
+        marker = "WeightsUnpickler error: "
+        text = (text.split(marker, 1)[1] if marker in text else text.split("\n\n", 1)[1]).lstrip("\n")
+    return (text.splitlines() or [""])[0]
+
+
+def torch_answer(path: Path | str) -> tuple[bool, str | None, str | None]:
+    """(loadable, exception type, first line) of torch.load(path, weights_only=True)."""
+    import torch
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            torch.load(path, weights_only=True)
+        except Exception as exc:   # torch's refusal is the oracle's answer
+            return False, type(exc).__name__, torch_first_line(exc)
+    return True, None, None
