@@ -7,7 +7,7 @@ into the report's list, sorted by offset, and gives every finding that names an 
 range (prepended, appended, unreferenced or overlapping bytes, an unreferenced record,
 trailing bytes) that range's `length`.
 
-Cost follows the metadata: past `Limits.max_regions`, the remaining archive records are not
+Cost follows the metadata: past `Limits.max_map_regions`, the remaining archive records are not
 listed one by one but merged into one `records` region per run of adjacent records, and
 what could still not be listed is counted in `Report.regions_omitted`.
 """

@@ -91,7 +91,7 @@ class Limits:
     max_notes_per_code: int = 32                # the VM's notes, per code and pickle
     max_global_findings: int = 256              # per code and pickle (every global keeps its entry)
     # Report.regions (the map of the file): past it, archive records are merged into runs
-    max_regions: int = 10_000
+    max_map_regions: int = 10_000
 
 
 DEFAULT_LIMITS = Limits()

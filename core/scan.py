@@ -115,7 +115,7 @@ def _report(an: Analysis, source: ByteSource, info: SourceInfo, started: float) 
     regions, omitted, findings = finish_regions(
         an.map_regions, an.zip_spans, an.findings, file_size=source.size,
         storage_records={s.record for s in an.storages if s.record is not None},
-        max_regions=an.options.limits.max_regions)
+        max_regions=an.options.limits.max_map_regions)
     an.findings = findings
     wo = an.weights_only or WeightsOnly(loadable=False, error="not a torch checkpoint",
                                         error_type=None)

@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from ckptguard.core.errors import CkptError, Code, Severity
-from ckptguard.core.filemap import Region, ZipSpans
+from ckptguard.core.filemap import Region as MapRegion
+from ckptguard.core.filemap import ZipSpans
 from ckptguard.core.limits import DEFAULT_LIMITS, Limits
 from ckptguard.core.report import (
     Finding,
@@ -66,7 +67,7 @@ class Analysis:
     # kinds of anomaly, not their count; the verdict keeps the first ones of each severity)
     per_code: dict[tuple[Code, Severity | None], int] = field(default_factory=dict)
     # the map of the file (core.filemap): sections the formats record, a zip's spans
-    map_regions: list[Region] = field(default_factory=list)
+    map_regions: list[MapRegion] = field(default_factory=list)
     zip_spans: ZipSpans | None = None
 
     def add(self, code: Code, message: str, *, record: str | None = None,

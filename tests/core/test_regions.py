@@ -1,7 +1,7 @@
 """The map of a file (core/filemap.py): `Report.regions` and `findings[].length`.
 
 Every engine draws the same map (tests/agreement compares whole reports; here with a
-small `max_regions` too, so the merged runs agree), the regions of a clean archive tile
+small `max_map_regions` too, so the merged runs agree), the regions of a clean archive tile
 the file exactly, and every anomalous range is one region whose finding carries its length.
 """
 
@@ -68,7 +68,7 @@ def test_clean_archive_regions_tile_the_file_in_every_engine() -> None:
 @pytest.mark.parametrize("cap", [4, 13, 40])
 def test_past_the_cap_records_merge_into_runs_and_engines_agree(cap: int) -> None:
     data = _archive(30)
-    report = assert_agree(data, label=f"cap {cap}", limits=Limits(max_regions=cap))
+    report = assert_agree(data, label=f"cap {cap}", limits=Limits(max_map_regions=cap))
     regions = report["regions"]
     assert len(regions) <= cap
     _assert_tiles(regions, len(data))   # merged runs still cover every record
