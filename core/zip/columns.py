@@ -235,9 +235,10 @@ def _gather(source: ByteSource, chunks: Sequence[tuple[int, int]], at: Ints
 
 
 # The records whose local headers a remote scan reads, as the general path does
-# (core.formats.torch_zip.analyze_zip): the pickle, the first storage and torch's metadata.
+# (core.formats.torch_zip.analyze_zip): the pickle, the first storage and torch's metadata
+# records (its META_RECORDS and SERIALIZATION_ID, which the lane reads too: keep them equal).
 REMOTE_LOCALS = ("data.pkl", "data/0", "version", ".data/version", "byteorder",
-                 ".format_version", ".storage_alignment")
+                 ".format_version", ".storage_alignment", ".data/serialization_id")
 
 
 def read_plain_archive(source: ByteSource, limits: Limits) -> PlainArchive:

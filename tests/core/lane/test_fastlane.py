@@ -5,6 +5,8 @@ check over the torch-written corpus)."""
 from __future__ import annotations
 
 import gc
+import io
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +21,7 @@ from ckptguard.core.pickle.fast import tokenize as pickletoken
 from ckptguard.core.pickle.fast.column_stubs import RebuildCall
 from ckptguard.core.scan import scan_path, scan_source
 from ckptguard.core.state import Analysis, ScanOptions
+from ckptguard.core.zip.columns import REMOTE_LOCALS
 from tests.agreement import assert_agree, reports
 from tests.agreement import comparable as comparable_report
 from tests.builders.pickle_asm import asm
@@ -388,8 +391,10 @@ def test_the_lane_takes_remote_archives_with_the_general_report(case: str) -> No
     assert fastlane.try_torch_zip(_RemoteLike(data), Analysis())
     fast, slow = _remote_reports(data)
     assert fast == slow
-    assert fast["verdict"] == "safe" and fast["zip_io"]["zip_local_headers_read"] < \
-        fast["zip_io"]["zip_entries"]
+    # exactly the local headers of REMOTE_LOCALS's records are read, whatever the archive holds
+    with zipfile.ZipFile(io.BytesIO(data)) as archive:
+        wanted = sum(name.partition("/")[2] in REMOTE_LOCALS for name in archive.namelist())
+    assert fast["verdict"] == "safe" and fast["zip_io"]["zip_local_headers_read"] == wanted
 
 
 @pytest.mark.parametrize("case", sorted(_declined()))
@@ -408,3 +413,13 @@ def test_mutated_remote_archives_get_the_general_report(data: st.DataObject) -> 
     fast, slow = _remote_reports(bytes(base))
     assert fast == slow
     event(f"lane took it: {fastlane.try_torch_zip(_RemoteLike(bytes(base)), Analysis())}")
+
+
+def test_a_remote_scan_reads_the_local_header_of_every_record_the_lane_reads() -> None:
+    """The lane reads torch's metadata records at their data offsets; on a remote source only
+    REMOTE_LOCALS have their local headers read, so every one of them must be listed there
+    (a record added to the lane but not there made every remote lane scan decline)."""
+    from ckptguard.core.formats.torch_zip import META_RECORDS, SERIALIZATION_ID
+    from ckptguard.core.zip.columns import REMOTE_LOCALS
+
+    assert set(META_RECORDS) | {SERIALIZATION_ID} <= set(REMOTE_LOCALS)
