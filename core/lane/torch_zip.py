@@ -162,8 +162,9 @@ def _judge(source: ByteSource, an: Analysis) -> _Result:
         raise Decline("a record the pickle does not reference")
     storages.verify_chain(arc, prefix, alignment)
     views = _Views(loaded, storages)
-    tensors, used = _walk(loaded, views, storages, arc.names[pkl_row], limits)
-    entries = storages.entries(used, arc)
+    tensors = _walk(loaded, views, storages, arc.names[pkl_row], limits)
+    # every storage torch loads, also one only a dropped value used (core.manifest.build)
+    entries = storages.entries(arc)
     return _Result(arc.names[pkl_row], loaded.tokens, base, tensors, entries, len(arc.names),
                    arc.locals_read, _spans(arc, source.size))
 
@@ -288,22 +289,12 @@ class _Storages:
         if not np.array_equal(start, data[1:]):
             raise Decline("a data offset differs from the calculated one")
 
-    def entries(self, positions: list[int], arc: PlainArchive) -> list[StorageEntry]:
-        """StorageEntry rows for the storages at `positions` (in the order given)."""
-        names = arc.names
-        if positions == list(range(len(self.order))):   # every storage, in pickle order
-            order, dtype, numel, locations = self.order, self.dtype, self.numel, self.locations
-            nbytes, data_offset, rows = self.nbytes, self.data_offset, self.rows
-        else:
-            pick = np.array(positions, dtype=np.int64)
-            order = list(map(self.order.__getitem__, positions))
-            dtype = list(map(self.dtype.__getitem__, positions))
-            numel = list(map(self.numel.__getitem__, positions))
-            locations = list(map(self.locations.__getitem__, positions))
-            nbytes, data_offset, rows = self.nbytes[pick], self.data_offset[pick], self.rows[pick]
+    def entries(self, arc: PlainArchive) -> list[StorageEntry]:
+        """StorageEntry rows of every storage, in first-encounter order."""
         return list(map(_NEW_STORAGE, zip(
-            order, dtype, numel, nbytes.tolist(), locations,
-            map(names.__getitem__, rows.tolist()), data_offset.tolist(), repeat(True))))
+            self.order, self.dtype, self.numel, self.nbytes.tolist(), self.locations,
+            map(arc.names.__getitem__, self.rows.tolist()), self.data_offset.tolist(),
+            repeat(True))))
 
 
 def _record_rows(keys: list[str], arc: PlainArchive) -> Any:
@@ -371,7 +362,6 @@ class _Views:
             raise Decline("tensor argument types")
         if list(map(len, sizes)) != list(map(len, strides)):
             raise Decline("size and stride lengths differ")
-        self.storage_index = index
         self.offsets, self.grads, self.sizes, self.strides = offsets, grads, sizes, strides
         itemsize = storages.itemsize[index]
         if v3:
@@ -454,8 +444,8 @@ def _segment(key: Any) -> str | int:
 
 
 def _walk(loaded: Loaded, views: _Views, storages: _Storages, record: str,
-          limits: Limits) -> tuple[list[TensorEntry], list[int]]:
-    """Tensors in document order, named as core.manifest.build names them; storages as met."""
+          limits: Limits) -> list[TensorEntry]:
+    """Tensors in document order, named as core.manifest.build names them."""
     max_tensors = limits.max_tensors
     flat = _flat_state_dict(loaded)
     paths: list[Any]
@@ -496,7 +486,6 @@ def _walk(loaded: Loaded, views: _Views, storages: _Storages, record: str,
         # torch.save's layout: the i-th tensor met is the i-th call, columns as they are
         rows = None
         data_offset, nbytes = views.data_offset.tolist(), views.nbytes.tolist()
-        storage_index = views.storage_index
     else:
         rows = np.fromiter(map(views.position.__getitem__, map(id, inner)), dtype=np.int64,
                            count=len(inner))
@@ -506,15 +495,12 @@ def _walk(loaded: Loaded, views: _Views, storages: _Storages, record: str,
         row_list = rows.tolist()
         columns = tuple(list(map(column.__getitem__, row_list)) for column in columns)
         data_offset, nbytes = views.data_offset[rows].tolist(), views.nbytes[rows].tolist()
-        storage_index = views.storage_index[rows]
     if grads is None:
         grads = views.grads if rows is None else list(map(views.grads.__getitem__, row_list))
     dtypes, sizes, strides, offsets, keys = columns
-    tensors = list(map(_NEW_TENSOR, zip(
+    return list(map(_NEW_TENSOR, zip(
         names, paths, dtypes, map(list, sizes), map(list, strides), offsets, keys, kind, grads,
         data_offset, nbytes, repeat(record), repeat(()))))
-    used = list(dict.fromkeys(storage_index.tolist()))
-    return tensors, used
 
 
 def _flat_state_dict(loaded: Loaded) -> tuple[list[str], list[Any], dict[Any, Any] | None] | None:

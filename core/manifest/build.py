@@ -53,11 +53,13 @@ general one (tests/core/manifest).
 from __future__ import annotations
 
 import gc
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ckptguard.core.errors import Code, LimitExceeded
 from ckptguard.core.manifest.keynames import segment
+from ckptguard.core.pickle.vm import hashable_key
 from ckptguard.core.report import StorageEntry, TensorEntry, join_name
 from ckptguard.core.state import Analysis
 from ckptguard.core.torch.dtypes import (
@@ -139,8 +141,15 @@ _Storage = tuple[StorageEntry, int, int, Any]
 
 
 def build_manifest(root: Any, locator: StorageLocator, an: Analysis, *,
-                   record: str | None = None) -> None:
-    """Append the tensors and storages reachable from `root` to `an`.
+                   record: str | None = None, persids: Iterable[PersId] = ()) -> None:
+    """Append the tensors reachable from `root` to `an`, and the storages of every
+    persistent id in `persids` (the pickle's, in order) and of those tensors.
+
+    torch's `persistent_load` loads a storage for every persistent id it unpickles, also
+    for a value the result then drops (a dict key set twice, a popped or memo-only
+    tensor): those storages are the checkpoint's too, listed in the order torch first
+    loads them, and the first persistent id of a key defines the storage, as in torch's
+    cache (tests/agreement holds every engine to this).
 
     >>> an = Analysis(); build_manifest(graph, zip_locator, an, record="archive/data.pkl")
     >>> an.tensors[0].name, an.tensors[0].data_offset
@@ -153,7 +162,9 @@ def build_manifest(root: Any, locator: StorageLocator, an: Analysis, *,
     was_enabled = gc.isenabled()
     gc.disable()
     try:
-        _Builder(locator, an, record).run(root)
+        builder = _Builder(locator, an, record)
+        builder.preload(persids)
+        builder.run(root)
     finally:
         if was_enabled:
             gc.enable()
@@ -521,18 +532,26 @@ class _Builder:
             self.record, tuple(flags or ())))
 
     # --- storages ----------------------------------------------------------------------
+    def preload(self, persids: Iterable[PersId]) -> None:
+        """The storage of each key's first persistent id, in order, as torch loads them; a
+        first id that is malformed is left to the walk, which reports it where it is used."""
+        tried: set[str] = set()
+        for persid in persids:
+            pid = persid.pid
+            key = pid[2] if type(pid) is tuple and len(pid) in (5, 6) else None
+            if type(key) is not str or key in tried:
+                continue
+            tried.add(key)
+            try:
+                stype, key, location, numel = _storage_pid(pid)
+                self.new_storage(pid, stype, key, location, numel, persid)
+            except _Bad:
+                continue
+
     def storage(self, persid: PersId, node: Call) -> tuple[_Storage, int, int]:
         """(storage, view start byte, view end byte) of a storage pid (FORMATS.md §2.2, §4.1)."""
         pid = persid.pid
-        if type(pid) is not tuple or len(pid) not in (5, 6):
-            raise _Bad(f"storage pid is not a 5- or 6-tuple: {pid!r}"[:200])
-        tag, stype, key, location, numel = pid[:5]
-        if isinstance(tag, bytes):
-            tag = tag.decode("ascii", "replace")
-        if tag != "storage":
-            raise _Bad(f"persistent id tag is {tag!r}, not 'storage'")
-        if type(key) is not str:
-            raise _Bad(f"storage key is {type(key).__name__}, not str")
+        stype, key, location, numel = _storage_pid(pid)
         st = self.storages.get(key)
         if st is None:
             st = self.new_storage(pid, stype, key, location, numel, persid)
@@ -624,6 +643,20 @@ class _Builder:
                     offset=node.offset if node.offset >= 0 else None)
 
 
+def _storage_pid(pid: Any) -> tuple[Any, str, Any, Any]:
+    """(storage class, key, location, numel) of a storage persistent id (FORMATS.md §2.2)."""
+    if type(pid) is not tuple or len(pid) not in (5, 6):
+        raise _Bad(f"storage pid is not a 5- or 6-tuple: {pid!r}"[:200])
+    tag, stype, key, location, numel = pid[:5]
+    if isinstance(tag, bytes):
+        tag = tag.decode("ascii", "replace")
+    if tag != "storage":
+        raise _Bad(f"persistent id tag is {tag!r}, not 'storage'")
+    if type(key) is not str:
+        raise _Bad(f"storage key is {type(key).__name__}, not str")
+    return stype, key, location, numel
+
+
 def push_all(push: Any, path: _Path, mapping: dict[Any, Any]) -> None:
     for k, v in reversed(list(mapping.items())):
         push(((*path, segment(k)), v))
@@ -644,23 +677,41 @@ def _call_children(path: _Path, call: Call) -> list[tuple[_Path, Any]]:
     if items_at is not None and (type(args) not in (tuple, list) or len(args) != items_at + 1
                                  or type(args[items_at]) not in (dict, list, tuple)):
         items_at = None
+    items: list[tuple[Any, Any]] = []
     if items_at is not None:
         mapping = args[items_at]
         if type(mapping) is dict:
-            out += [((*path, segment(k)), v) for k, v in mapping.items()]
+            items += mapping.items()
         else:    # [(k, v), ...]: the pairs are items
-            for pair in mapping:
-                if type(pair) in (list, tuple) and len(pair) == 2:
-                    out.append(((*path, segment(pair[0])), pair[1]))
-    out += [((*path, segment(k)), v) for k, v in call.setitems]
+            items += [(pair[0], pair[1]) for pair in mapping
+                      if type(pair) in (list, tuple) and len(pair) == 2]
+    items += call.setitems
+    if type(call.func) is Global and call.func in _DICT_TYPES:   # a dict: a key set again
+        items = _as_dict(items)                                  # replaces the value
+    out += [((*path, segment(k)), v) for k, v in items]
     out += [((*path, i), v) for i, v in enumerate(call.appends)]
-    for state in call.state:
-        for part in (state if type(state) is tuple and len(state) == 2 else (state,)):
-            if type(part) is dict:
-                out += [((*path, segment(k)), v) for k, v in part.items()]
+    # BUILD updates the object's attributes (`__dict__.update`, slots by setattr): an
+    # attribute set again holds the last value
+    attributes = [kv for state in call.state
+                  for part in (state if type(state) is tuple and len(state) == 2 else (state,))
+                  if type(part) is dict for kv in part.items()]
+    out += [((*path, segment(k)), v) for k, v in _as_dict(attributes)]
     if type(args) is tuple or type(args) is list:
         out += [((*path, i), v) for i, v in enumerate(args) if i != items_at]
     return out
+
+
+def _as_dict(pairs: list[tuple[Any, Any]]) -> list[tuple[Any, Any]]:
+    """The items of a dict the pairs were set in, in turn: a key set again (an equal key:
+    1, 1.0 and True are one) keeps its first place and key and takes the last value."""
+    merged: dict[Any, list[Any]] = {}
+    for k, v in pairs:
+        slot = merged.get(hk := hashable_key(k))
+        if slot is None:
+            merged[hk] = [k, v]
+        else:
+            slot[1] = v
+    return [(k, v) for k, v in merged.values()]
 
 
 # dict types -> the index of the argument that holds their items
