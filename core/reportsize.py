@@ -5,7 +5,8 @@ largest form the service or the CLI writes without indentation). Its size is bou
 column-wise at C speed (joined strings, counts, the widest integer), never by serializing the
 manifest: a 100k-tensor report costs more to serialize than to scan. Only when that bound
 passes the budget are rows measured one by one, and the lists keep the rows that fit, in
-this order: findings, globals, unsafe globals, tensors, storages. One LIMIT_REPORT finding
+this order: findings, globals, unsafe globals, tensors, storages, the map's regions (those
+cut are counted in `regions_omitted`). One LIMIT_REPORT finding
 (effect: suspicious) counts what was left out, so a cut report is never `safe`.
 """
 
@@ -28,6 +29,8 @@ from ckptguard.core.report import NAME_MARK, Finding, Report, StorageEntry, Tens
 _TENSOR_FIXED = len(json.dumps(TensorEntry("", [], "", [], [], 0, "", "", False, 0, 0, "",
                                            ()).to_json()))
 _STORAGE_FIXED = len(json.dumps(StorageEntry("", "", 0, 0, "", "", 0, False).to_json()))
+# a map region (core.filemap.Region: kind, name, offset, length)
+_REGION_FIXED = len(json.dumps({"kind": "", "name": "", "offset": 0, "length": 0}))
 _RESERVE = 4096   # the LIMIT_REPORT finding itself, with its counts
 
 
@@ -96,6 +99,16 @@ def storages_bound(storages: Sequence[StorageEntry]) -> int:
             + sum(_text(column(i)) for i in (0, 1, 4, 5)))
 
 
+def regions_bound(regions: Sequence[Any]) -> int:
+    """An upper bound of the JSON characters of the map's rows (with their separators)."""
+    n = len(regions)
+    if not n:
+        return 0
+    ints = _width(map(itemgetter(2), regions)) + _width(map(itemgetter(3), regions)) - 2
+    return n * (_REGION_FIXED + 2 + ints) + _text(map(itemgetter(0), regions)) \
+        + _text(map(itemgetter(1), regions))
+
+
 def _size(value: Any) -> int:
     return len(json.dumps(value))
 
@@ -130,7 +143,7 @@ def cap_report(report: Report, budget: int, max_name_chars: int) -> Finding | No
     (already appended to the report) if any was cut, else None."""
     wo = report.weights_only
     hint = wo.safe_globals_hint
-    bare = dataclasses.replace(report, globals=[], findings=[], tensors=[], storages=[],
+    bare = dataclasses.replace(report, globals=[], findings=[], tensors=[], storages=[], regions=[],
                                weights_only=dataclasses.replace(wo, unsafe_globals=[],
                                                                 safe_globals_hint=None))
     fixed = _size(bare.to_json())
@@ -138,11 +151,12 @@ def cap_report(report: Report, budget: int, max_name_chars: int) -> Finding | No
         ("findings", report.findings, None), ("globals", report.globals, None),
         ("unsafe globals", wo.unsafe_globals, None),
         ("tensors", report.tensors, lambda rows: tensors_bound(rows, max_name_chars)),
-        ("storages", report.storages, storages_bound)]
+        ("storages", report.storages, storages_bound),
+        ("regions", report.regions, regions_bound)]
     bound = (fixed + _size([f.to_json() for f in report.findings])
              + _size([g.to_json() for g in report.globals]) + _size(wo.unsafe_globals)
              + (_size(hint) if hint else 0) + tensors_bound(report.tensors, max_name_chars)
-             + storages_bound(report.storages))
+             + storages_bound(report.storages) + regions_bound(report.regions))
     if bound <= budget:
         return None
     room = budget - fixed - _RESERVE
@@ -158,6 +172,8 @@ def cap_report(report: Report, budget: int, max_name_chars: int) -> Finding | No
     report.globals = report.globals[:counts["globals"]]
     report.storages = report.storages[:counts["storages"]]
     report.tensors = report.tensors[:counts["tensors"]]
+    report.regions_omitted += len(report.regions) - counts["regions"]
+    report.regions = report.regions[:counts["regions"]]
     if counts["unsafe globals"] < len(wo.unsafe_globals) or (hint and _size(hint) > room):
         wo.safe_globals_hint = None
     wo.unsafe_globals = wo.unsafe_globals[:counts["unsafe globals"]]

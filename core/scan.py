@@ -148,8 +148,6 @@ def _answer_as_torch_load(source: ByteSource, an: Analysis, name: str | None) ->
     safetensors library; zip magic -> the zip reader; anything else -> the legacy reader).
     A file of another format (pickle, NumPy, safetensors, .pt2, any zip) gets torch's answer
     from the reader it really takes."""
-    from ckptguard.core.formats.torch_legacy import legacy_answer
-    from ckptguard.core.formats.torch_zip import zip_answer
     from ckptguard.core.judge import first_line
     from ckptguard.core.torch.weights_only import TorchError
 
@@ -164,7 +162,16 @@ def _answer_as_torch_load(source: ByteSource, an: Analysis, name: str | None) ->
     if an.format in (TORCH_ZIP_FORMATS if zip_magic else TORCH_LEGACY_FORMATS):
         return   # the format module replayed torch's own reader
     try:
-        error = zip_answer(source, an) if zip_magic else legacy_answer(source, an)
+        # each reader's module only when this file takes it (a small pickle's scan must not
+        # import the zip reader: tests/core/scan/test_cold_start.py)
+        if zip_magic:
+            from ckptguard.core.formats.torch_zip import zip_answer
+
+            error = zip_answer(source, an)
+        else:
+            from ckptguard.core.formats.torch_legacy import legacy_answer
+
+            error = legacy_answer(source, an)
     except SourceError:
         raise
     except CkptError as exc:   # never a guessed "loadable"

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from ckptguard.core.errors import Code, LimitExceeded
 from ckptguard.core.filemap import add_region
-from ckptguard.core.formats.torch_legacy import legacy_answer
 from ckptguard.core.io.source import ByteSource
 from ckptguard.core.judge import first_line, scan_pickle, set_weights_only
 from ckptguard.core.state import Analysis
@@ -33,6 +32,10 @@ def analyze(source: ByteSource, an: Analysis) -> None:
                      calls=scan.vm.calls)
     if not scan.vm.persids and an.weights_only is not None:   # else core.scan replays it
         policy = an.weights_only
+        # torch's legacy reader, only for the answer torch.load gives (a small scan of a
+        # pickle must not import the manifest builder at start: tests/core/scan/test_cold_start)
+        from ckptguard.core.formats.torch_legacy import legacy_answer
+
         error = legacy_answer(source, an, first=scan.weights_only)
         policy.policy_accepts = policy.loadable
         policy.loadable = error is None

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ckptguard.core import sniff
 from ckptguard.core.errors import Code, LimitExceeded
@@ -25,7 +25,6 @@ from ckptguard.core.filemap import add_region
 from ckptguard.core.formats import torch_tar
 from ckptguard.core.io.source import ByteSource
 from ckptguard.core.judge import PickleScan, scan_pickle, set_weights_only
-from ckptguard.core.manifest.build import SiteTable, StorageSite, build_manifest
 from ckptguard.core.pickle.renames import torch_map
 from ckptguard.core.pickle.vm import run_vm
 from ckptguard.core.pickle.window import PickleWindow
@@ -34,6 +33,9 @@ from ckptguard.core.threats.assess import assess
 from ckptguard.core.torch.rules import storage_itemsize
 from ckptguard.core.torch.weights_only import TorchError, WeightsOnlyResult, emulate
 from ckptguard.core.values import Call, Global, PersId
+
+if TYPE_CHECKING:
+    from ckptguard.core.manifest.build import StorageSite
 
 MAGIC_NUMBER = 0x1950A86A20F9469CFC6C
 PROTOCOL_VERSION = 1001
@@ -163,6 +165,10 @@ class _Stream:
                 break
             pos = end
         if len(scans) > 3:   # the manifest even when the key list or the blocks are broken
+            # here, not at import: torch.load's answer on a plain pickle needs this module,
+            # not the manifest builder (tests/core/scan/test_cold_start.py)
+            from ckptguard.core.manifest.build import SiteTable, build_manifest
+
             main = scans[3]
             sites: dict[str, StorageSite] = {}
             if len(scans) == 5:
@@ -222,6 +228,8 @@ class _Stream:
 
     def locate(self, keys: list[Any], blocks: dict[Any, _Block], start: int) -> dict[str, StorageSite]:
         """Offsets of every block: predicted in batches, each count read and checked."""
+        from ckptguard.core.manifest.build import StorageSite
+
         size = self.source.size
         sites: dict[str, StorageSite] = {}
         overwritten: list[str] = []

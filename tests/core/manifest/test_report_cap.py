@@ -14,9 +14,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ckptguard.core.errors import Code
+from ckptguard.core.filemap import Region
 from ckptguard.core.limits import Limits
 from ckptguard.core.report import TensorEntry, bound_names
-from ckptguard.core.reportsize import report_budget, tensors_bound
+from ckptguard.core.reportsize import regions_bound, report_budget, tensors_bound
 from ckptguard.core.scan import scan_bytes
 from ckptguard.core.state import ScanOptions
 from tests.builders.hostile_names import (
@@ -149,3 +150,31 @@ def test_the_column_bound_is_an_upper_bound(rows: list[TensorEntry]) -> None:
     bound_names(rows, 100)   # long names (and paths) shortened as a scan does
     exact = len(json.dumps([r.to_json() for r in rows]))
     assert tensors_bound(rows, 100) + 2 >= exact
+
+
+_REGION = st.builds(Region, kind=_TEXT, name=_TEXT, offset=st.integers(0, 1 << 70),
+                    length=st.integers(0, 1 << 70))
+
+
+@settings(max_examples=200, deadline=None)
+@given(rows=st.lists(_REGION, max_size=20))
+def test_the_map_bound_is_an_upper_bound(rows: list[Region]) -> None:
+    exact = len(json.dumps([r.to_json() for r in rows]))
+    assert regions_bound(rows) + 2 >= exact
+
+
+def test_the_map_is_cut_last_and_its_omitted_rows_counted() -> None:
+    """A map of many records fills a small cap after the manifest: its cut rows are counted
+    in regions_omitted, the manifest stays whole when it fits."""
+    pkl = state_dict(*((f"w{i}", v2(str(i))) for i in range(300)))
+    data = torch_layout("archive", pkl, [(str(i), b"\0" * 8) for i in range(300)])
+    full_size, full = _scan(data)
+    assert full["regions_omitted"] == 0 and len(full["regions"]) > 600
+    regions_size = len(json.dumps(full["regions"]))
+    size, cut = _scan(data, Limits(max_report_bytes=full_size - regions_size // 2))
+    assert size <= full_size - regions_size // 2
+    assert cut["tensors"] == full["tensors"] and cut["storages"] == full["storages"]
+    kept = len(cut["regions"])
+    assert 0 < kept < len(full["regions"]) and cut["regions"] == full["regions"][:kept]
+    assert cut["regions_omitted"] == len(full["regions"]) - kept
+    assert cut["findings"][-1]["code"] == Code.LIMIT_REPORT and "regions" in cut["findings"][-1]["message"]
