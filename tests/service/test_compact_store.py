@@ -148,6 +148,31 @@ def test_dtype_totals_and_bad_cursors(big) -> None:
             store.tensors(stored, cursor=bad, sort=sort)
 
 
+def test_key_columns_give_neutral_keys_to_odd_rows() -> None:
+    """Rows of old or odd reports: not objects, fields missing or of another type (a bool is
+    not a size); a Mapping that is not a dict is read like one."""
+    from types import MappingProxyType
+
+    rows = [{"name": "a", "dtype": "float32", "nbytes": 8, "data_offset": 64},
+            "not a row", {"name": None, "dtype": 3, "nbytes": True, "data_offset": None},
+            MappingProxyType({"name": 5, "dtype": "int8", "nbytes": 2, "data_offset": 0}), {}]
+    keys = compact.key_columns(rows)
+    assert keys.names == ["a", "", "", "5", ""]
+    assert keys.dtypes == ["float32", "", "3", "int8", ""]
+    assert keys.nbytes == [8, 0, 0, 2, 0]
+    assert keys.data_offsets == [64, compact.NO_OFFSET, compact.NO_OFFSET, 0, compact.NO_OFFSET]
+    assert compact.dtype_totals(keys) == [
+        {"dtype": "float32", "count": 1, "nbytes": 8}, {"dtype": "int8", "count": 1, "nbytes": 2},
+        {"dtype": "", "count": 2, "nbytes": 0}, {"dtype": "3", "count": 1, "nbytes": 0}]
+
+
+def test_rows_encode_as_the_response_does() -> None:
+    rows = [{"a": [1, 2.5, None, True], "é": "\u2028\n\"x"}, "s", 1e16, [], {}]
+    assert compact.dumps_rows(rows) == [compact.dumps(row) for row in rows]
+    with pytest.raises(ValueError):
+        compact.dumps_rows([{"x": float("nan")}])
+
+
 def _count(store: Store, table: sa.Table) -> int:
     with store.engine.connect() as conn:
         return int(conn.execute(sa.select(sa.func.count()).select_from(table)).scalar_one())
