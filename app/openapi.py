@@ -74,9 +74,15 @@ SCHEMAS: dict[str, Any] = {
             regions_omitted=_INT),
         "description": "The report, schema_version 1: fields may be added, never renamed (README).",
     },
-    "StoredReport": {"allOf": [{"$ref": "#/components/schemas/Report"},
-                               _obj(id=_STR, created_at=_STR, cached={"type": "boolean"})]},
-    "ScanPage": _obj(items={"type": "array", "items": {"type": "object"}}, next_cursor=_NSTR),
+    # replaces the loose model app/routes/scans.py declares under this name: one schema of the
+    # stored report (without its manifest, ?manifest=false: counts and links instead)
+    "ScanReport": {"allOf": [{"$ref": "#/components/schemas/Report"},
+                             _obj(id=_STR, created_at=_STR, cached={"type": "boolean"}),
+                             _obj(False, tensor_count=_INT, storage_count=_INT,
+                                  links=_obj(report=_STR, tensors=_STR))],
+                   "description": "A stored report: the schema-v1 report and the record's id, "
+                   "time and cached flag. With ?manifest=false, `tensors` and `storages` are "
+                   "left out and `tensor_count`, `storage_count` and `links` given instead."},
     "Problem": {
         **_obj(False, type=_STR, title=_STR, status=_INT,
                code={"type": "string", "description": "stable machine-readable code"},
@@ -90,14 +96,14 @@ SCHEMAS: dict[str, Any] = {
 _UPLOAD = {400: ["BAD_MULTIPART", "BAD_REQUEST"], 408: ["UPLOAD_TOO_SLOW"],
            413: ["PAYLOAD_TOO_LARGE"], 415: ["UNSUPPORTED_MEDIA_TYPE"],
            422: ["MISSING_FILE", "VALIDATION_ERROR", "SOURCE_*"],
-           503: ["SCAN_QUEUE_FULL", "UPLOADS_BUSY"]}
+           503: ["SCAN_QUEUE_FULL", "UPLOADS_BUSY", "KEY_BUSY"]}
 ERRORS: dict[tuple[str, str], dict[int, list[str]]] = {
     ("post", "/scan"): _UPLOAD,
     ("post", "/scan/url"): {400: ["SOURCE_URL_REFUSED", "SOURCE_BAD_REQUEST", "BAD_REQUEST"],
                             403: ["SOURCE_URL_REFUSED"], 413: ["PAYLOAD_TOO_LARGE", "LIMIT_*"],
                             422: ["VALIDATION_ERROR"],
                             502: ["SOURCE_HTTP", "SOURCE_CHANGED", "SOURCE_SHORT_READ"],
-                            503: ["SCAN_QUEUE_FULL"]},
+                            503: ["SCAN_QUEUE_FULL", "URL_SCANS_BUSY", "KEY_BUSY"]},
     ("get", "/scans/{scan_id}"): {404: ["SCAN_NOT_FOUND"], 422: ["VALIDATION_ERROR"]},
     ("delete", "/scans/{scan_id}"): {404: ["SCAN_NOT_FOUND"]},
     ("get", "/scans/{scan_id}/tensors"): {400: ["BAD_CURSOR"], 404: ["SCAN_NOT_FOUND"],
@@ -154,10 +160,7 @@ def build(app: FastAPI) -> dict[str, Any]:
             if (method, key_path) in REPORT_ROUTES:
                 responses["200"] = {"description": "the report (a malicious file is a 200 with "
                                     "verdict unsafe)", "content": {"application/json": {
-                                        "schema": {"$ref": "#/components/schemas/StoredReport"}}}}
-            if (method, key_path) == ("get", "/scans"):
-                responses["200"] = {"description": "a page of scans, newest first", "content": {
-                    "application/json": {"schema": {"$ref": "#/components/schemas/ScanPage"}}}}
+                                        "schema": {"$ref": "#/components/schemas/ScanReport"}}}}
     for name in ("HTTPValidationError", "ValidationError"):   # replaced by Problem above
         components["schemas"].pop(name, None)
     return doc

@@ -105,7 +105,7 @@ def test_openapi_names_the_report_every_problem_and_the_bearer_scheme(client: Te
             if not public:
                 assert "UNAUTHORIZED" in op["responses"]["401"]["description"]
     scan = doc["paths"]["/scans/{scan_id}"]["get"]["responses"]["200"]
-    assert scan["content"]["application/json"]["schema"]["$ref"].endswith("/StoredReport")
+    assert scan["content"]["application/json"]["schema"]["$ref"].endswith("/ScanReport")
     literal, _ = sent_by_the_service()
     generic = {("NOT_FOUND", 404), ("METHOD_NOT_ALLOWED", 405)}   # any path, any method
     missing = literal - generic - _documented(doc)
