@@ -34,8 +34,10 @@ def _serve(conn: socket.socket, size: int, every: float, stop: threading.Event) 
 
 
 @contextmanager
-def trickling_server(size: int = 1 << 20, every: float = 0.2) -> Iterator[str]:
-    """The URL of a `size`-byte file served a byte every `every` s; stopped on exit."""
+def trickling_server(size: int = 1 << 20, every: float = 0.2,
+                     connected: threading.Event | None = None) -> Iterator[str]:
+    """The URL of a `size`-byte file served a byte every `every` s; stopped on exit.
+    `connected` is set when a client first connects."""
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen(16)
@@ -47,6 +49,8 @@ def trickling_server(size: int = 1 << 20, every: float = 0.2) -> Iterator[str]:
                 conn, _ = listener.accept()
             except OSError:
                 return
+            if connected is not None:
+                connected.set()
             threading.Thread(target=_serve, args=(conn, size, every, stop), daemon=True).start()
 
     threading.Thread(target=accept, daemon=True).start()

@@ -5,13 +5,12 @@ worker, so uploads keep being scanned; and one key cannot take a whole kind's sh
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterator
 
 import httpx
 import pytest
 
-from tests.e2e.service_server import Server, running_server
+from tests.e2e.service_server import Server, free_port, running_server
 from tests.trickle import trickling_server
 
 pytestmark = pytest.mark.e2e
@@ -40,18 +39,18 @@ def _upload(server: Server, key: str, body: bytes) -> httpx.Response:
 
 
 def test_a_stuck_url_scan_holds_its_own_slots_only(server: Server) -> None:
-    with trickling_server(1 << 20, 0.2) as slow_url:
+    connected = threading.Event()
+    with trickling_server(1 << 20, 0.2, connected) as slow_url:
         stuck: list[httpx.Response] = []
         holder = threading.Thread(target=lambda: stuck.append(httpx.post(
             f"{server.url}/scan/url", json={"url": slow_url}, headers=_auth(KEY_ONE), timeout=120)))
         holder.start()
-        deadline = time.monotonic() + 20
-        while True:   # until the stuck scan holds the only URL slot
-            probe = httpx.post(f"{server.url}/scan/url", json={"url": slow_url},
-                               headers=_auth(KEY_TWO), timeout=10)
-            if probe.status_code == 503 or time.monotonic() > deadline:
-                break
-            time.sleep(0.2)
+        # the stuck scan reached its upstream: it holds the only URL slot
+        assert connected.wait(30), "the URL scan never reached its upstream"
+        # a URL nobody listens on: were it admitted, it would fail at once (502), not hang
+        closed = f"http://127.0.0.1:{free_port()}/model.pt"
+        probe = httpx.post(f"{server.url}/scan/url", json={"url": closed},
+                           headers=_auth(KEY_TWO), timeout=30)
         assert probe.status_code == 503, probe.text
         assert probe.json()["code"] == "URL_SCANS_BUSY" and probe.headers["retry-after"] == "5"
 
