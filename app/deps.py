@@ -49,6 +49,12 @@ _BEARER = HTTPBearer(auto_error=False, scheme_name="bearer",
                      description="one of CKPTGUARD_API_KEYS (when keys are configured)")
 
 
+def _bearer(request: Request) -> tuple[str, str]:
+    """(scheme, token) of the Authorization header; empty strings when it is absent."""
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    return scheme, token.strip()
+
+
 def require_api_key(request: Request,
                     declared: Annotated[HTTPAuthorizationCredentials | None, Security(_BEARER)] = None,
                     ) -> None:
@@ -56,8 +62,8 @@ def require_api_key(request: Request,
     keys: list[str] = request.app.state.settings.api_keys
     if not keys:
         return
-    scheme, _, token = request.headers.get("authorization", "").partition(" ")
-    presented = token.strip().encode()
+    scheme, token = _bearer(request)
+    presented = token.encode()
     # Compare against every key (no early exit) so timing does not tell which matched.
     ok = False
     for key in keys:
@@ -75,7 +81,7 @@ def caller_key(request: Request) -> str | None:
     Call after `require_api_key` accepted the request."""
     if not request.app.state.settings.api_keys:
         return None
-    return key_identity(request.headers.get("authorization", "").partition(" ")[2].strip())
+    return key_identity(_bearer(request)[1])
 
 
 def _scans(request: Request) -> ScanService:

@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, get_args
 
-from ckptguard.app.admission import RETRY_AFTER_S, Admission
+from ckptguard.app.admission import RETRY, Admission
 from ckptguard.app.jobs import Jobs, PoolFull
 from ckptguard.app.metrics import Metrics
 from ckptguard.app.problems import AppError
@@ -46,7 +46,7 @@ class Answer:
 def queue_full(detail: str) -> AppError:
     """503 for a scan the pool's queue cannot take now (settings.max_queued_scans)."""
     return AppError("SCAN_QUEUE_FULL", 503, f"the scan queue is full ({detail}); retry later",
-                    headers={"Retry-After": str(RETRY_AFTER_S)})
+                    headers=RETRY)
 
 
 class ScanService:

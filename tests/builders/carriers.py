@@ -12,7 +12,6 @@ from __future__ import annotations
 import io
 import pickle
 import struct
-import tarfile
 import zipfile
 import zlib
 from collections.abc import Callable
@@ -20,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from tests.builders.legacy_tar import legacy_tar
 from tests.builders.pickle_asm import asm
 from tests.builders.torchlayout import META, state_dict, torch_layout, v2
 from tests.core.zip.zipbuild import Member, build_zip
@@ -150,26 +150,14 @@ def tar_member(payload: bytes) -> bytes:
     members = {"sys_info": asm(("PROTO", 2), "EMPTY_DICT", "STOP"), "storages": count,
                "tensors": count, "pickle": asm(("PROTO", 2), "EMPTY_DICT", "STOP"),
                "extra.pkl": payload}
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        for name, data in members.items():
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    return buf.getvalue()
+    return legacy_tar(members)
 
 
 def tar_sys_info(payload: bytes) -> bytes:
     """torch's own legacy loader unpickles sys_info (without weights_only) before anything."""
     count = asm(("PROTO", 2), ("BININT1", 0), "STOP")
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        for name, data in {"sys_info": payload, "storages": count, "tensors": count,
-                           "pickle": asm(("PROTO", 2), "EMPTY_DICT", "STOP")}.items():
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    return buf.getvalue()
+    return legacy_tar({"sys_info": payload, "storages": count, "tensors": count,
+                       "pickle": asm(("PROTO", 2), "EMPTY_DICT", "STOP")})
 
 
 def huge_gap(path: Path, gap_head: bytes, gap_size: int = 1 << 30) -> None:

@@ -10,9 +10,10 @@ import pytest
 
 from ckptguard.core.errors import Code
 from ckptguard.core.scan import scan_path
+from tests.builders.legacy_tar import legacy_tar
 from tests.builders.pickle_asm import asm
 from tests.core.legacy.conftest import assert_same_outcome
-from tests.core.legacy.test_torch_tar import EVIL, base_members, legacy_tar
+from tests.core.legacy.test_torch_tar import EVIL, base_members
 
 pytestmark = [pytest.mark.torch, pytest.mark.filterwarnings("ignore::UserWarning")]
 

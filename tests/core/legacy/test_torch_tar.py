@@ -16,6 +16,7 @@ from ckptguard.core.errors import Code
 from ckptguard.core.formats.torch_tar import TAR_ERROR
 from ckptguard.core.scan import scan_path
 from ckptguard.core.sniff import is_tar
+from tests.builders.legacy_tar import legacy_tar
 from tests.builders.pickle_asm import asm
 from tests.core.legacy.conftest import assert_same_outcome
 
@@ -35,16 +36,6 @@ def tensors_member(tensor_header: bytes | None = None) -> bytes:
     header = tensor_header or pickle.dumps(("t1", "k1", None), protocol=2)
     shape = struct.pack("<i", 1) + b"\0" * 4 + struct.pack("<q", 2) + struct.pack("<q", 1)
     return pickle.dumps(1, protocol=2) + header + shape + struct.pack("<q", 0)
-
-
-def legacy_tar(members: dict[str, bytes]) -> bytes:
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        for name, data in members.items():
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    return buf.getvalue()
 
 
 def base_members(**over: bytes) -> dict[str, bytes]:
