@@ -30,6 +30,7 @@ from ckptguard.core.pickle.vm import run_vm
 from ckptguard.core.pickle.window import PickleWindow
 from ckptguard.core.state import Analysis
 from ckptguard.core.threats.assess import assess
+from ckptguard.core.torch.dtypes import ITEMSIZE
 from ckptguard.core.torch.rules import storage_itemsize
 from ckptguard.core.torch.weights_only import TorchError, WeightsOnlyResult, emulate
 from ckptguard.core.values import Call, Global, PersId
@@ -336,7 +337,9 @@ class _Stream:
 
 
 def _blocks(scan: PickleScan) -> dict[Any, _Block]:
-    """Storage key -> element size and byte count, from the first pid naming it (torch's cache)."""
+    """Storage key -> element size and byte count, from the first pid naming it (torch's cache),
+    or, when the replay got through the pickle, the size each storage has after it (a view past
+    a root's end grows the root)."""
     out: dict[Any, _Block] = {}
     for p in scan.vm.persids:
         pid = p.pid
@@ -353,6 +356,9 @@ def _blocks(scan: PickleScan) -> dict[Any, _Block]:
             vkey = _hashable(view[0])
             if vkey not in out:
                 out[vkey] = _Block(view[0], itemsize, view[2] * itemsize)
+    for key, (dtype, nbytes) in (scan.weights_only.deserialized or {}).items():
+        if _hashable(key) in out:
+            out[_hashable(key)] = _Block(key, ITEMSIZE[dtype], nbytes)
     return out
 
 

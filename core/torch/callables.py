@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import re
 import struct
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -164,6 +165,12 @@ def str_value(v: Any, storage_of: StorageOf, depth: int = 0) -> str | None:
                 return None
             items.append(f"{ks}: {xs}")
         return "{" + ", ".join(items) + "}"
+    ordered = _plain_ordered_dict_items(v)
+    if ordered is not None:
+        try:   # OrderedDict's repr changed in CPython 3.12: this interpreter's, as torch's
+            return str(OrderedDict(ordered))
+        except ValueError:   # an int past sys.get_int_max_str_digits
+            return None
     if isinstance(v, Global):
         kind = global_kind(v.full)
         if kind == "torch.dtype" or kind == "torch.qscheme":
@@ -173,6 +180,19 @@ def str_value(v: Any, storage_of: StorageOf, depth: int = 0) -> str | None:
         if v.full in CLASSES or kind == "torch.tensortype":
             return class_repr(_CLASS_STR.get(v.full, v.full))
     return None  # functions print their address; tensors print their data
+
+
+def _plain_ordered_dict_items(v: Any) -> list[tuple[Any, Any]] | None:
+    """The items of an OrderedDict whose every key and value is a plain scalar, else None."""
+    if not (isinstance(v, Call) and v.attrs.get("type") == "collections.OrderedDict") or v.state:
+        return None
+    if v.opcode == "REDUCE" and v.args and v.args[0]:   # OrderedDict({...}): items we did not keep
+        return None
+    items = v.setitems
+    scalar = (bool, int, float, str, bytes, type(None))
+    if len(items) > 1_000 or not all(type(k) in scalar and type(x) in scalar for k, x in items):
+        return None
+    return items
 
 
 def _dtype_of(v: Any) -> str | None:

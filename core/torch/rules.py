@@ -122,14 +122,32 @@ def unmodelled(what: str) -> Fail:
     return Fail("Unmodelled", f"not modelled: {what}")
 
 
+class Capacity:
+    """The byte size of a resizable storage, which `Tensor.set_` grows to what a view needs.
+
+    A legacy load allocates every root storage fresh (resizable); a view past its end resizes
+    it, and the later block check compares the file's count with the grown size (measured,
+    torch 2.13). Slices (legacy views) and zip storages are not resizable.
+    """
+
+    __slots__ = ("nbytes",)
+
+    def __init__(self, nbytes: int) -> None:
+        self.nbytes = nbytes
+
+
 @dataclass(frozen=True, slots=True)
 class StorageInfo:
     """What torch's persistent_load returned: a TypedStorage of `dtype` over `nbytes` bytes."""
 
     key: str
     dtype: str
-    nbytes: int
-    resizable: bool = False   # legacy loads allocate fresh (resizable) storages
+    nbytes: int                       # at load
+    capacity: Capacity | None = None  # resizable: its size now
+
+    @property
+    def nbytes_now(self) -> int:
+        return self.capacity.nbytes if self.capacity is not None else self.nbytes
 
 
 # how an interpreter resolves a value to the storage behind it (None: not a storage)
@@ -150,26 +168,104 @@ def int_seq(v: Any) -> tuple[int, ...] | None:
     return None
 
 
+# --- Tensor.set_'s argument parser (torch/csrc/utils/python_arg_parser.cpp), measured -------
+
+# the names it gives arguments: Python's type names; sequences list their elements' types
+_PARSER_TYPE_NAMES = {t: t.__name__ for t in (bool, int, float, str, bytes, tuple, list, dict, set,
+                                              frozenset, type(None))}
+_DESCRIBED_ELEMENTS_MAX = 10_000   # a longer sequence: we do not build a megabyte message
+
+_SET_SIGNATURE = "int storage_offset, tuple of ints size, tuple of ints stride = None)"
+_SET_OVERLOADS = (
+    " * ()\n * (torch.Storage source)\n"
+    f" * (torch.Storage source, {_SET_SIGNATURE}\n"
+    "      didn't match because some of the arguments have invalid types: {args}\n"
+    " * (Tensor source)\n"
+    f" * (Tensor source, {_SET_SIGNATURE}\n"
+    "      didn't match because some of the arguments have invalid types: {args}\n")
+
+
+def _matches_int_array(v: Any) -> bool:
+    """The parser's type match for an int array: a torch.Size, or a tuple/list that is empty or
+    whose *first* element is an int (a bool is not one there); later elements are checked
+    only when unpacked (measured: (2, "a") matches, ("a", 2) and (True,) do not)."""
+    if isinstance(v, Call):
+        return v.attrs.get("type") == "torch.Size"
+    return isinstance(v, (tuple, list)) and (not v or is_int(v[0]))
+
+
+def _described(v: Any) -> str | None:
+    """How the parser names an argument in "didn't match": `tuple of (int, str)`, `float`."""
+    name = _PARSER_TYPE_NAMES.get(type(v))
+    if name is None or not isinstance(v, (tuple, list)):
+        return name
+    if len(v) > _DESCRIBED_ELEMENTS_MAX:
+        return None
+    inner = [_PARSER_TYPE_NAMES.get(type(x)) for x in v]
+    if None in inner:
+        return None
+    body = ", ".join(inner)  # type: ignore[arg-type]
+    if isinstance(v, list):
+        return f"list of [{body}]"
+    return f"tuple of ({body},)" if len(inner) == 1 else f"tuple of ({body})"
+
+
+def _no_set_overload(offset: Any, size: Any, stride: Any) -> Fail:
+    got = [_PARSER_TYPE_NAMES.get(type(v)) for v in (offset, size, stride)]
+    described = [_described(v) for v in (offset, size, stride)]
+    if None in got or None in described:
+        return unmodelled("set_() with arguments of these types")
+    # every argument but an int offset is marked invalid (measured, whatever its type)
+    marked = [d if i == 0 and is_int(offset) else f"!{d}!" for i, d in enumerate(described)]
+    args = "(!torch.storage.UntypedStorage!, " + ", ".join(marked) + ")"   # type: ignore[arg-type]
+    return Fail("TypeError", "set_() received an invalid combination of arguments - got "
+                f"(torch.storage.UntypedStorage, {', '.join(got)}), but expected one of:\n"  # type: ignore[arg-type]
+                + _SET_OVERLOADS.format(args=args))
+
+
+def _unpacked(what: str, values: Any) -> tuple[int, ...]:
+    """An int array's elements as the parser unpacks them (bools count as ints here)."""
+    if isinstance(values, Call):   # a torch.Size: ints by construction
+        seq = int_seq(values)
+        if seq is None:
+            raise unmodelled("a torch.Size of these values")
+        return seq
+    for pos, v in enumerate(values, 1):
+        if not isinstance(v, int):
+            name = _PARSER_TYPE_NAMES.get(type(v))
+            if name is None:
+                raise unmodelled(f"set_() {what} element of this type")
+            raise Fail("TypeError", f"set_(): argument '{what}' failed to unpack the object at pos "
+                       f'{pos} with error "type must be tuple of ints,but got {name}"')
+        if not -(1 << 63) <= v < 1 << 63:
+            raise Fail("TypeError", f"set_(): argument '{what}' failed to unpack the object at pos "
+                       f'{pos} with error "Overflow when unpacking long long')
+    return tuple(int(v) for v in values)
+
+
 def set_args(offset: Any, size: Any, stride: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """`Tensor.set_`'s argument parsing: (size, stride); Unmodelled unless plain ints."""
-    # torch's argument parser unpacks stride before size (measured), then the offset
-    for what, values in (("stride", stride), ("size", size)):
-        if isinstance(values, (tuple, list)) and all(map(is_int, values)):
-            for pos, v in enumerate(values, 1):
-                if not -(1 << 63) <= v < 1 << 63:
-                    raise Fail("TypeError", f"set_(): argument '{what}' failed to unpack the object "
-                               f'at pos {pos} with error "Overflow when unpacking long long')
-    if is_int(offset) and not -(1 << 63) <= offset < 1 << 63:
+    """`Tensor.set_(storage, offset, size, stride)`'s argument parsing: (size, stride).
+
+    The parser matches the overload by type first (an int offset, an int array size, an int
+    array or None stride; None means contiguous), then unpacks stride before size, element by
+    element, then the offset (measured with torch 2.13 over every triple of 13 kinds of
+    argument: tests/differential/test_set_args_vs_torch.py).
+    """
+    if not (is_int(offset) and _matches_int_array(size)
+            and (stride is None or _matches_int_array(stride))):
+        raise _no_set_overload(offset, size, stride)
+    strides = _unpacked("stride", stride) if stride is not None else ()
+    shape = _unpacked("size", size)
+    if not -(1 << 63) <= offset < 1 << 63:
         raise Fail("ValueError", "Overflow when unpacking long long")
-    shape, strides = int_seq(size), int_seq(stride)
-    if not is_int(offset) or shape is None or strides is None or abs(offset) >= INT64_SAFE:
-        raise unmodelled("set_() with a non-int offset or size/stride that is not a sequence of ints")
+    if abs(offset) >= INT64_SAFE or any(abs(x) >= INT64_SAFE for x in shape + strides):
+        raise unmodelled("set_() with a size, stride or offset near int64 overflow")
     return shape, strides
 
 
 def check_view(st: StorageInfo, itemsize: int, offset: Any, size: Any, stride: Any, *,
                 quantized: bool = False) -> tuple[int, ...]:
-    """`Tensor.set_(storage, offset, size, stride)` on a non-resizable storage (FORMATS.md §2.6)."""
+    """`Tensor.set_(storage, offset, size, stride)` (FORMATS.md §2.6); grows a resizable storage."""
     shape, strides = set_args(offset, size, stride)
     if not strides and shape:
         # an empty stride means "not given": set_ uses contiguous strides (measured)
@@ -203,15 +299,16 @@ def check_view(st: StorageInfo, itemsize: int, offset: Any, size: Any, stride: A
     # (measured with torch 2.13: quint4x2 needs ceil(elements / 2), quint2x4 ceil(elements / 4))
     per_byte = PACKED_PER_BYTE.get(st.dtype, 1) if quantized else 1
     needed = -(-extent // per_byte) if per_byte > 1 else extent * itemsize
-    if needed > st.nbytes:
-        if st.resizable:
-            raise unmodelled("view past the end of a resizable (legacy) storage")
-        if quantized:  # QTensorImpl's set_storage checks bounds itself
+    have = st.nbytes_now
+    if needed > have:
+        if quantized:  # QTensorImpl's set_storage checks bounds itself, resizable or not
             raise Fail("RuntimeError", f"setStorage: sizes {int_list_text(shape)}, strides "
                        f"{int_list_text(strides)}, storage offset {offset}, and itemsize {itemsize} "
                        f"requiring a storage size of {needed} are out of bounds for storage of size "
-                       f"{st.nbytes}")
-        raise Fail("RuntimeError", "Trying to resize storage that is not resizable")
+                       f"{have}")
+        if st.capacity is None:
+            raise Fail("RuntimeError", "Trying to resize storage that is not resizable")
+        st.capacity.nbytes = needed   # set_ resizes the storage to exactly what the view needs
     return shape
 
 

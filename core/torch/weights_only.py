@@ -50,7 +50,14 @@ from ckptguard.core.torch.callables import (
     type_name,
 )
 from ckptguard.core.torch.dtypes import ITEMSIZE, STORAGE_DTYPE, TORCH_DTYPE_GLOBALS
-from ckptguard.core.torch.rules import BLOCKED_MODULES, TORCH_ACCEPTED_CODES, Fail, StorageInfo, restorable
+from ckptguard.core.torch.rules import (
+    BLOCKED_MODULES,
+    TORCH_ACCEPTED_CODES,
+    Capacity,
+    Fail,
+    StorageInfo,
+    restorable,
+)
 from ckptguard.core.torch.user_models import (
     check_numpy_state,
     check_partial_state,
@@ -145,9 +152,26 @@ class WeightsOnlyResult:
     end: int = 0
     protocol: int | None = None
     read_to: int = 0   # how far the replay read: bytes past it could not change the answer
+    # legacy: key -> (dtype, byte size) of every storage torch's deserialized_objects holds
+    # once the pickle is read (views are slices; a root grows when a view runs past its end)
+    deserialized: dict[Any, tuple[str, int]] | None = None
 
 
 _U32 = struct.Struct("<I")
+
+
+def _re_refusal(kind: type) -> str:
+    """`re.match(pattern, value)`'s TypeError for a value of `kind`, in this interpreter's words
+    (they changed between CPython releases; the message names only the type)."""
+    try:
+        re.match("cuda(:|[0-9]+)", kind())
+    except TypeError as exc:
+        return str(exc)
+    raise AssertionError(kind)
+
+
+# the plain types a storage location can be besides str (bytes are decoded before)
+_RE_REFUSES = {kind: _re_refusal(kind) for kind in (tuple, list, dict, int, float, bool, type(None))}
 
 
 def _global_error(module: str, name: str, allowed: frozenset[str]) -> str | None:
@@ -462,7 +486,9 @@ class _Emulator:
     def op_reduce(self, func: Any, args: Any) -> Any:
         if not isinstance(func, Global):
             text = str_value(func, self.storage_of)
-            if text is None or isinstance(func, Call):
+            # an OrderedDict never equals an allowlisted global; another instance might
+            if text is None or (isinstance(func, Call)
+                                and func.attrs.get("type") != "collections.OrderedDict"):
                 raise self.fail("Unmodelled", "not modelled: REDUCE of a non-global")
             raise self.fail("UnpicklingError", f"Trying to call reduce for unrecognized function {text}")
         if func.full in BASELINE_USER_GLOBALS and func.full not in self.allow:
@@ -569,7 +595,10 @@ class _Emulator:
         if type(pid) is tuple and len(pid) > 0:
             tag = self.decode_ascii(pid[0])
             if tag != "storage":
-                if not isinstance(tag, (str, int, float, bool, tuple, list, dict)) and tag is not None:
+                # plain values and allowlisted globals (classes, functions, dtypes) never
+                # equal a str; an instance of some other class might
+                if not (isinstance(tag, (str, int, float, bool, tuple, list, dict)) or tag is None
+                        or (isinstance(tag, Global) and type_name(tag, self.storage_of) is not None)):
                     raise self.fail("Unmodelled", "not modelled: comparing a pid tag with 'storage'")
                 raise self.fail("UnpicklingError", "Only persistent_load of storage is allowed, but got "
                                 f"{class_repr(self.tname(pid[0]))}")
@@ -634,25 +663,28 @@ class _Emulator:
                 if err is not None:
                     raise _Stop(TorchError(err.type, err.message, self.op_offset))
             self.check_location(location)
-            info = StorageInfo(skey, dtype, nbytes, resizable=self.legacy)
+            info = StorageInfo(skey, dtype, nbytes, Capacity(nbytes) if self.legacy else None)
             if skey not in self.seen_keys:
                 self.seen_keys.add(skey)
                 self.storages.append(StorageUse(skey, st_name, dtype, numel, nbytes, location,
                                                 self.op_offset))
             if nbytes > 0 or self.legacy:  # torch caches only storages with a data pointer
                 self.loaded[key] = info
-        elif self.legacy and cached.nbytes == 0:
-            info = StorageInfo(skey, dtype, 0, resizable=True)
+        elif self.legacy and cached.nbytes_now == 0:
+            # no data pointer: torch hands out a fresh empty TypedStorage, not the cached one
+            info = StorageInfo(skey, dtype, 0, Capacity(0))
         else:
             info = cached  # torch returns the first TypedStorage of a key, with its dtype
         if self.legacy and data[4] is not None:
-            info = self.legacy_view(info, data[4])
+            info = self.legacy_view(info, data[4], dtype)
         self.info[id(persid)] = info
         return persid
 
     def check_location(self, location: Any) -> None:
         """serialization.default_restore_location over the registered deserializers."""
         if not isinstance(location, str):
+            if type(location) in _RE_REFUSES:   # `location == "cpu"` is False, then cuda's re.match
+                raise self.fail("TypeError", _RE_REFUSES[type(location)])
             raise self.fail("Unmodelled", f"not modelled: restoring storage location {location!r}")
         if restorable(location):
             return
@@ -663,15 +695,30 @@ class _Emulator:
         raise self.fail("RuntimeError", "don't know how to restore data location of "
                         f"torch.storage.UntypedStorage (tagged with {location})")
 
-    def legacy_view(self, info: StorageInfo, view: Any) -> StorageInfo:
+    def legacy_view(self, info: StorageInfo, view: Any, dtype: str) -> StorageInfo:
+        """`_legacy_load`'s view: a slice of the root, cached under its own key in the same
+        deserialized_objects as the roots (a view key that names a root returns the root),
+        typed by this persistent id's storage type, not the root's."""
         if not (isinstance(view, tuple) and len(view) == 3 and all(
                 isinstance(x, int) and not isinstance(x, bool) and 0 <= x < 1 << 56 for x in view[1:])):
             raise self.fail("Unmodelled", "not modelled: legacy view metadata of this shape")
-        size = ITEMSIZE[info.dtype]
-        start, length = view[1] * size, view[2] * size
-        if start + length > info.nbytes:
-            raise self.fail("Unmodelled", "not modelled: a legacy view past its storage")
-        return StorageInfo(f"{info.key}:{view[0]}", info.dtype, length, resizable=True)
+        view_key = view[0]
+        if isinstance(view_key, bool) or not isinstance(view_key, (str, int)):
+            raise self.fail("Unmodelled", "not modelled: a legacy view key that is not a str/int")
+        cached = self.loaded.get(view_key)
+        if cached is not None:
+            return cached
+        size, have = ITEMSIZE[dtype], info.nbytes_now
+        start, stop = min(view[1] * size, have), min((view[1] + view[2]) * size, have)
+        # UntypedStorage slices clip like Python's (measured); a slice is not resizable
+        sliced = StorageInfo(f"{info.key}:{view_key}", dtype, max(0, stop - start))
+        self.loaded[view_key] = sliced
+        return sliced
+
+    def deserialized(self) -> dict[Any, tuple[str, int]] | None:
+        if not self.legacy:
+            return None
+        return {key: (info.dtype, info.nbytes_now) for key, info in self.loaded.items()}
 
 
 def _as_bytes(data: bytes | memoryview) -> bytes:
@@ -697,7 +744,8 @@ def emulate(data: bytes | memoryview, *, allow: frozenset[str] = frozenset(),
     gc.disable()  # millions of young container objects: the cyclic GC would rescan them all
     try:
         root = em.run()
-        return WeightsOnlyResult(True, None, root, em.storages, em.r.pos, em.protocol)
+        return WeightsOnlyResult(True, None, root, em.storages, em.r.pos, em.protocol,
+                                 deserialized=em.deserialized())
     except _Stop as stop:
         error = stop.error
     except RecursionError:

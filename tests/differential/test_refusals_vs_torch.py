@@ -164,21 +164,31 @@ def _refusals(folder: Path) -> Iterator[tuple[str, bytes]]:
         yield f"random-{i}", rng.randbytes(rng.choice([1, 2, 7, 64, 300, 4096]))
 
 
+Answer = tuple[bool, "str | None", "str | None"]
+
+
+def _answers(folder: Path, cases: Iterator[tuple[str, bytes]]) -> Iterator[tuple[str, Answer, Answer]]:
+    """(name, the scan's weights_only answer, torch's) per case; a file torch refuses is never
+    `safe`."""
+    for name, data in cases:
+        path = folder / f"{name}.pt"
+        path.write_bytes(data)
+        want = _torch(path)
+        report, ours = _agree(path)
+        if not want[0]:
+            assert report.verdict != "safe", name   # type: ignore[attr-defined]
+        os.unlink(path)
+        yield name, ours, want
+
+
 def test_refusals_are_torchs_first_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     mismatches = []
     n = 0
-    for name, data in _refusals(tmp_path):
-        path = tmp_path / f"{name}.pt"
-        path.write_bytes(data)
-        want = _torch(path)
-        report, ours = _agree(path)
+    for name, ours, want in _answers(tmp_path, _refusals(tmp_path)):
         n += 1
         if ours != want:
             mismatches.append((name, ours, want))
-        if not want[0]:
-            assert report.verdict != "safe", name   # type: ignore[attr-defined]
-        os.unlink(path)
     assert n > 500
     assert mismatches == [], f"{len(mismatches)} of {n}: {mismatches[:5]}"
 
@@ -197,3 +207,71 @@ def test_no_message_of_ours_carries_printf_placeholders(tmp_path: Path,
                 continue
             assert not re.search(r"%l?[dsu]|\{\}|\{[a-z_]+\}", f.message), (name, f)
         os.unlink(path)
+
+
+# -- every byte of the pickles flipped ----------------------------------------------------------------
+
+def _pickle_flips() -> Iterator[tuple[str, bytes]]:
+    """Every byte of a legacy stream and of a zip's data.pkl, with three flips each."""
+    state = {"w": torch.arange(40.0).reshape(5, 8), "b": torch.ones(3, dtype=torch.int8)}
+    buf = io.BytesIO()
+    torch.save(state, buf, _use_new_zipfile_serialization=False)
+    legacy = buf.getvalue()
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    zipped = buf.getvalue()
+    with zipfile.ZipFile(io.BytesIO(zipped)) as zf:
+        info = next(i for i in zf.infolist() if i.filename.endswith("/data.pkl"))
+    start = info.header_offset + 30 + len(info.filename) + len(info.extra)
+    for label, data, span in (("legacy", legacy, range(len(legacy))),
+                              ("data.pkl", zipped, range(start, start + info.compress_size))):
+        for at in span:
+            for flip in (0x01, 0x80, 0xFF):
+                bad = bytearray(data)
+                bad[at] ^= flip
+                yield f"{label}-{at}-{flip:#x}", bytes(bad)
+
+
+def test_every_flipped_pickle_byte_gets_torchs_answer_or_none(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the scan states torch's answer it is torch's; "Unmodelled" (no claim) stays rare."""
+    monkeypatch.chdir(tmp_path)
+    wrong, unmodelled, n = [], [], 0
+    for name, ours, want in _answers(tmp_path, _pickle_flips()):
+        n += 1
+        if ours[1] == "Unmodelled":
+            unmodelled.append((name, ours[2], want))
+        elif ours != want:
+            wrong.append((name, ours, want))
+    assert n > 2000
+    assert wrong == [], f"{len(wrong)} of {n}: {wrong[:5]}"
+    assert len(unmodelled) <= n // 200, unmodelled[:10]
+
+
+# -- a view past the end of a legacy storage grows it ---------------------------------------------------
+
+def _legacy_with(pid_numel: int, block_count: int) -> bytes:
+    """A legacy save of one 5x8 float tensor whose persistent id and block say other sizes."""
+    buf = io.BytesIO()
+    torch.save({"w": torch.arange(40.0).reshape(5, 8)}, buf, _use_new_zipfile_serialization=False)
+    data = buf.getvalue()
+    pid = data.index(b"K\x28N")            # BININT1 40 (the pid's numel), NONE (no view)
+    data = data[:pid + 1] + bytes([pid_numel]) + data[pid + 2:]
+    count = data.rindex((40).to_bytes(8, "little"))
+    return data[:count] + block_count.to_bytes(8, "little") + data[count + 8:]
+
+
+@pytest.mark.parametrize(("pid_numel", "block_count"), [(30, 40), (0, 40), (30, 30), (39, 41)])
+def test_a_view_past_a_legacy_storage_grows_it_as_torch_does(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pid_numel: int, block_count: int) -> None:
+    monkeypatch.chdir(tmp_path)
+    path = tmp_path / "grown.pt"
+    path.write_bytes(_legacy_with(pid_numel, block_count))
+    want = _torch(path)
+    report, ours = _agree(path)
+    assert ours == want
+    if want[0]:   # the grown storage's bytes are where torch reads them
+        from tests.differential.test_manifest_vs_torch import compare
+        from tests.fixtures.generate import Case
+
+        compare(Case("grown", path, "", legacy=True), report.tensors, report.storages)  # type: ignore[attr-defined]

@@ -17,7 +17,9 @@ def torch_first_line(exc: BaseException) -> str:
     if isinstance(exc, pickle.UnpicklingError) and text.startswith("Weights only load failed."):
         marker = "WeightsUnpickler error: "
         text = (text.split(marker, 1)[1] if marker in text else text.split("\n\n", 1)[1]).lstrip("\n")
-    return (text.splitlines() or [""])[0]
+    # a line ends at "\n" only, as in the report: str.splitlines would also cut at \x0b, \x0c,
+    # \x1c-\x1e, \x85 and \u2028, which a GLOBAL name in a torch message may hold
+    return text.split("\n", 1)[0]
 
 
 def torch_answer(path: Path | str) -> tuple[bool, str | None, str | None]:
