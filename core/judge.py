@@ -15,11 +15,9 @@ from __future__ import annotations
 import dataclasses
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ckptguard.core.errors import Code, Decline, LimitExceeded
-from ckptguard.core.pickle.fast.stubs import FastResult, fast_load
-from ckptguard.core.pickle.fast.tokenize import Tokens
 from ckptguard.core.pickle.renames import python_map
 from ckptguard.core.pickle.vm import GlobalUse, VmResult, run_vm
 from ckptguard.core.report import WeightsOnly
@@ -40,6 +38,10 @@ from ckptguard.core.torch.weights_only import (
     unsafe_globals,
 )
 from ckptguard.core.values import Call, Global, PersId
+
+if TYPE_CHECKING:
+    from ckptguard.core.pickle.fast.stubs import FastResult
+    from ckptguard.core.pickle.fast.tokenize import Tokens
 
 
 @dataclass(slots=True)
@@ -63,7 +65,8 @@ def scan_pickle(data: bytes | memoryview, an: Analysis, *, record: str | None,
     opts = an.options
     view = bytes(memoryview(data)[start:]) if start else bytes(data)
     base = base_offset + start
-    scan = None if legacy or an.options.engine == "exact" else _try_fast(view, an, resolver, base)
+    scan = None if not _fast_first(len(view), legacy, an.options.engine) else \
+        _try_fast(view, an, resolver, base)
     if scan is None:
         wo = emulate(view, allow=opts.allow, resolver=resolver, base_offset=base,
                      limits=opts.limits, legacy=legacy, persistent_load=persistent_load)
@@ -84,6 +87,19 @@ def scan_pickle(data: bytes | memoryview, an: Analysis, *, record: str | None,
     return scan
 
 
+# Under "auto", a pickle this small goes straight to the exact interpreters: they judge it in
+# about a millisecond, while the fast path first compiles its opcode walk (~50 ms, once per
+# process), which a command-line scan of one small file would pay for nothing. The engines
+# agree (tests/agreement, where "general" still sends every pickle to the fast path first).
+SMALL_PICKLE_BYTES = 4096
+
+
+def _fast_first(size: int, legacy: bool, engine: str) -> bool:
+    if legacy or engine == "exact":
+        return False
+    return engine == "general" or size >= SMALL_PICKLE_BYTES
+
+
 def allowed_checker(allow: frozenset[str]) -> Any:
     allowed = ALLOWED_GLOBALS | BASELINE_USER_GLOBALS | allow
     blocked = tuple(m + "." for m in BLOCKED_MODULES)
@@ -98,6 +114,8 @@ def allowed_checker(allow: frozenset[str]) -> Any:
 def _try_fast(data: bytes, an: Analysis, resolver: StorageResolver | None,
               base_offset: int) -> PickleScan | None:
     """The fast path's answer, or None when it declines (then the exact path runs)."""
+    from ckptguard.core.pickle.fast.stubs import fast_load  # not on a small pickle's path
+
     storages: dict[str, StorageUse] = {}
 
     def check_pid(pid: tuple[Any, ...]) -> None:

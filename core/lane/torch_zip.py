@@ -58,7 +58,8 @@ from ckptguard.core.pickle.fast.column_stubs import (
     StubGlobal,
     load,
 )
-from ckptguard.core.pickle.fast.tokenize import CheckedDict, CheckedList, Tokens
+from ckptguard.core.pickle.fast.containers import CheckedDict, CheckedList
+from ckptguard.core.pickle.fast.tokenize import Tokens
 from ckptguard.core.pickle.vm import VmResult
 from ckptguard.core.report import StorageEntry, TensorEntry, join_name
 from ckptguard.core.state import Analysis

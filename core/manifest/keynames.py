@@ -12,8 +12,8 @@ import re
 from collections import OrderedDict
 from typing import Any
 
+from ckptguard.core.pickle.fast.containers import CheckedDict
 from ckptguard.core.pickle.fast.stubs import StubMeta
-from ckptguard.core.pickle.fast.tokenize import CheckedDict
 from ckptguard.core.torch.dtypes import (
     DEVICE_TYPES,
     LAYOUTS,

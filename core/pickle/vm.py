@@ -34,11 +34,10 @@ import struct
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ckptguard.core.errors import CkptError, Code, FormatError, LimitExceeded
 from ckptguard.core.limits import DEFAULT_LIMITS, Limits
-from ckptguard.core.pickle.fold import FoldBudget, Unfoldable, fold, is_computed, render
 from ckptguard.core.pickle.frames import frame_divergence
 from ckptguard.core.pickle.opcodes import (
     OPCODES,
@@ -52,6 +51,9 @@ from ckptguard.core.pickle.opcodes import (
 )
 from ckptguard.core.pickle.renames import python_map
 from ckptguard.core.values import Buffer, Call, ExtRef, Global, PersId, Unhashable
+
+if TYPE_CHECKING:
+    from ckptguard.core.pickle.fold import FoldBudget
 
 __all__ = ["GlobalUse", "VmResult", "run_vm"]
 
@@ -214,7 +216,7 @@ class _Machine:
         self.memo: dict[int, Any] = {}
         self.proto = 0                 # pickle.py's default before any PROTO
         self.dotted: dict[str, bool] = {}
-        self.fold_budget = FoldBudget(limits.max_fold_steps)
+        self.fold_budget: FoldBudget | None = None   # made by the first computed global
         self.frames: list[tuple[int, int, int]] = []    # (FRAME opcode, frame start, end)
         self.result = VmResult(start=start, end=start)
 
@@ -309,6 +311,11 @@ class _Machine:
         (core.pickle.fold) so the global is judged as if written; a call result that cannot
         be folded is an unresolvable import (evasion), plain non-str data an error pickle
         raises ("STACK_GLOBAL requires str") before importing anything."""
+        # rare (no benign pickle computes a global): the folder is imported here, not at start
+        from ckptguard.core.pickle.fold import FoldBudget, Unfoldable, fold, is_computed, render
+
+        if self.fold_budget is None:
+            self.fold_budget = FoldBudget(self.limits.max_fold_steps)
         out: list[str] = []
         folded: list[str] = []
         resolved = True

@@ -10,7 +10,6 @@ from __future__ import annotations
 from typing import Any
 
 from ckptguard.core.limits import DEFAULT_LIMITS
-from ckptguard.core.pickle.fold import FoldBudget, Unfoldable, fold
 from ckptguard.core.values import Call, Global, PersId
 
 _MAX_PATH_DEPTH = 16
@@ -56,6 +55,9 @@ def constant(value: Any) -> Any:
     """What `value` folds to (core.pickle.fold), or None when it cannot be folded."""
     if type(value) is not Call:
         return value
+    # only a call needs the folder (a small benign pickle's scan never imports it)
+    from ckptguard.core.pickle.fold import FoldBudget, Unfoldable, fold
+
     try:
         return fold(value, limits=DEFAULT_LIMITS, budget=FoldBudget(DEFAULT_LIMITS.max_fold_calls * 4))
     except Unfoldable:

@@ -22,8 +22,7 @@ from itertools import chain
 from typing import Any
 
 from ckptguard.core.errors import Decline
-from ckptguard.core.pickle.fast.stubs import OrderedDictStub
-from ckptguard.core.pickle.fast.tokenize import CheckedDict
+from ckptguard.core.pickle.fast.containers import CheckedDict, OrderedDictStub
 from ckptguard.core.pickle.opcodes import BY_NAME
 from ckptguard.core.torch.dtypes import FLOATING, ITEMSIZE, PACKED_PER_BYTE, UNTYPED_STORAGES, storage_dtype
 from ckptguard.core.values import Call, Global, PersId

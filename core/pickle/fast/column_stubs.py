@@ -33,13 +33,8 @@ from typing import Any
 
 from ckptguard.core.errors import Decline
 from ckptguard.core.limits import DEFAULT_LIMITS
-from ckptguard.core.pickle.fast.tokenize import (
-    BuildLedger,
-    CheckedDict,
-    StubUnpickler,
-    Tokens,
-    tokenize,
-)
+from ckptguard.core.pickle.fast.containers import BuildLedger, CheckedDict
+from ckptguard.core.pickle.fast.tokenize import StubUnpickler, Tokens, tokenize
 
 
 class StubGlobal(tuple[str, str]):

@@ -22,43 +22,17 @@ exact path would also load, and gives the same globals, storages and graph shape
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from ckptguard.core.errors import Decline
 from ckptguard.core.limits import DEFAULT_LIMITS
-from ckptguard.core.pickle.fast.tokenize import (
-    PLAIN_KEYS,
-    BuildLedger,
-    StubUnpickler,
-    Tokens,
-    check_key,
-    tokenize,
-)
+from ckptguard.core.pickle.fast.containers import BuildLedger, OrderedDictStub
+from ckptguard.core.pickle.fast.tokenize import StubUnpickler, Tokens, tokenize
 from ckptguard.core.values import Call, Global, PersId
 
 __all__ = ["FastResult", "OrderedDictStub", "Tokens", "fast_load", "tokenize"]
-
-class OrderedDictStub(OrderedDict[Any, Any]):
-    """`OrderedDict()` at C speed; BUILD updates `__dict__` with a dict, as torch does.
-    Subclassed per load: `builds` is that load's count of judged BUILDs."""
-
-    builds: BuildLedger
-    # no arguments (`OrderedDict(pairs)` raises in C: the exact path models it); an
-    # OrderedDict is valid without its __init__, which only adds the arguments
-    __init__ = dict.clear  # type: ignore[assignment]
-
-    def __setitem__(self, key: Any, value: Any) -> None:   # see pickletoken.CheckedDict
-        if type(key) not in PLAIN_KEYS or key != key:
-            check_key(key)
-        OrderedDict.__setitem__(self, key, value)
-
-    def __setstate__(self, state: Any) -> None:
-        self.builds.judge(state)
-        self.__dict__.update(state)
-
 
 class StubMeta(type):
     node: Global

@@ -18,7 +18,11 @@ from ckptguard.core.sniff import _PICKLE_FIRST_OPS
 _NOT_FOR_A_PICKLE = ("numpy", "hashlib", "pickletools", "httpx", "ckptguard.core.zip.directory",
                      "ckptguard.core.zip.columns", "ckptguard.core.zip.checks",
                      "ckptguard.core.io.http", "ckptguard.core.formats.export",
-                     "ckptguard.core.lane", "ckptguard.core.manifest", "ckptguard.app.api")
+                     "ckptguard.core.lane", "ckptguard.core.manifest", "ckptguard.app.api",
+                     # the fast paths' walk (a regex that takes ~50 ms to compile): a small
+                     # pickle goes to the exact interpreters; the folder: no computed global
+                     "ckptguard.core.pickle.fast.tokenize", "ckptguard.core.pickle.fast.stubs",
+                     "ckptguard.core.pickle.fold")
 
 
 def test_a_small_pickle_scan_imports_only_what_a_pickle_needs(tmp_path: Path) -> None:
