@@ -5,6 +5,7 @@ memory limit again. The report of the scan that grew stands (it did not fail).""
 
 from __future__ import annotations
 
+import pickle
 import re
 from pathlib import Path
 
@@ -27,15 +28,15 @@ def _scan(client: TestClient, data: bytes) -> dict[str, object]:
 
 
 def test_a_worker_that_grew_is_replaced_and_its_report_stands(tmp_path: Path) -> None:
-    # a fresh worker's first scan grows it by ~16 MiB (the format parsers load on first use):
-    # with a 1 MiB threshold every such scan is the worker's last
+    # a list of 200,000 ints: judging it builds millions of bytes of Python objects, so with
+    # a 1 MiB threshold every such scan is the worker's last
     app = create_app(Settings(data_dir=tmp_path / "data", workers=1, worker_recycle_mb=1))
     with TestClient(app, raise_server_exceptions=False) as client:
-        first = _scan(client, b"\x80\x04K\x01.")
+        first = _scan(client, pickle.dumps(list(range(200_000)), protocol=2))
         assert first["verdict"] == "safe" and not first.get("cached")
         assert _restarts(client, "memory_growth") == 1
         assert _restarts(client, "RESOURCE_LIMIT") == 0     # grown is not failed
-        second = _scan(client, b"\x80\x04K\x02.")
+        second = _scan(client, pickle.dumps(list(range(200_001)), protocol=2))
         assert second["verdict"] == "safe"
         assert _restarts(client, "memory_growth") == 2
 
