@@ -93,6 +93,32 @@ class _ScanLimit(BaseException):
         self.message = message
 
 
+_IMPORT_RETRY_S = 0.01
+
+
+def limit_handler(code: Code, message: str) -> Callable[[int, Any], None]:
+    """The CPU (SIGXCPU) or wall-clock (SIGALRM) handler of an in-process scan: it stops the
+    scan, but never inside an import. A module whose import is interrupted stays half made
+    in this process (numpy then answers every later scan with "Importing the numpy
+    C-extensions failed"), and the scan imports readers lazily, so the stop waits until the
+    import is done: the timer fires again in 10 ms (SIGXCPU repeats every CPU second)."""
+    def handler(signum: int, frame: Any) -> None:
+        if _importing(frame):
+            if signum == signal.SIGALRM:
+                signal.setitimer(signal.ITIMER_REAL, _IMPORT_RETRY_S)
+            return
+        raise _ScanLimit(code, message)
+    return handler
+
+
+def _importing(frame: Any) -> bool:
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib"):
+            return True
+        frame = frame.f_back
+    return False
+
+
 def _run_inline(item: ScanItem, limits: RunLimits, *, allow: frozenset[str],
                 verify_crc: bool) -> ItemResult:
     """One item in this process: RLIMIT_AS for memory, RLIMIT_CPU (SIGXCPU) for CPU time and
@@ -100,11 +126,6 @@ def _run_inline(item: ScanItem, limits: RunLimits, *, allow: frozenset[str],
     from ckptguard.app.itemscan import Skipped, scan_local, scan_remote
     from ckptguard.core.report import SourceInfo
     from ckptguard.core.state import ScanOptions
-
-    def stop(code: Code, message: str) -> Callable[[int, Any], None]:
-        def handler(_signum: int, _frame: Any) -> None:
-            raise _ScanLimit(code, message)
-        return handler
 
     old_as = resource.getrlimit(resource.RLIMIT_AS)
     old_cpu = resource.getrlimit(resource.RLIMIT_CPU)
@@ -116,9 +137,10 @@ def _run_inline(item: ScanItem, limits: RunLimits, *, allow: frozenset[str],
     options = ScanOptions(allow=allow, verify_crc=verify_crc)
     info = SourceInfo(**_info(item))
     try:
-        signal.signal(signal.SIGXCPU, stop(Code.RESOURCE_LIMIT, "the scan exceeded its CPU-time limit"))
-        signal.signal(signal.SIGALRM, stop(Code.TIMEOUT, f"the scan exceeded the {limits.timeout_s:g} s "
-                                                         "wall-clock limit"))
+        signal.signal(signal.SIGXCPU, limit_handler(Code.RESOURCE_LIMIT,
+                                                    "the scan exceeded its CPU-time limit"))
+        signal.signal(signal.SIGALRM, limit_handler(Code.TIMEOUT, f"the scan exceeded the "
+                                                    f"{limits.timeout_s:g} s wall-clock limit"))
         resource.setrlimit(resource.RLIMIT_AS, (_lower(memory, old_as[1]), old_as[1]))
         resource.setrlimit(resource.RLIMIT_CPU, (_lower(cpu_soft, old_cpu[1]), old_cpu[1]))
         signal.setitimer(signal.ITIMER_REAL, limits.timeout_s)
