@@ -212,7 +212,8 @@ def test_no_message_of_ours_carries_printf_placeholders(tmp_path: Path,
 # -- every byte of the pickles flipped ----------------------------------------------------------------
 
 def _pickle_flips() -> Iterator[tuple[str, bytes]]:
-    """Every byte of a legacy stream and of a zip's data.pkl, with three flips each."""
+    """Every byte of a legacy stream and of a zip's data.pkl, with two flips each (the low
+    bit: a neighbouring opcode, length or value; all bits: far from it)."""
     state = {"w": torch.arange(40.0).reshape(5, 8), "b": torch.ones(3, dtype=torch.int8)}
     buf = io.BytesIO()
     torch.save(state, buf, _use_new_zipfile_serialization=False)
@@ -226,7 +227,7 @@ def _pickle_flips() -> Iterator[tuple[str, bytes]]:
     for label, data, span in (("legacy", legacy, range(len(legacy))),
                               ("data.pkl", zipped, range(start, start + info.compress_size))):
         for at in span:
-            for flip in (0x01, 0x80, 0xFF):
+            for flip in (0x01, 0xFF):
                 bad = bytearray(data)
                 bad[at] ^= flip
                 yield f"{label}-{at}-{flip:#x}", bytes(bad)
@@ -243,7 +244,7 @@ def test_every_flipped_pickle_byte_gets_torchs_answer_or_none(
             unmodelled.append((name, ours[2], want))
         elif ours != want:
             wrong.append((name, ours, want))
-    assert n > 2000
+    assert n > 1500
     assert wrong == [], f"{len(wrong)} of {n}: {wrong[:5]}"
     assert len(unmodelled) <= n // 200, unmodelled[:10]
 
