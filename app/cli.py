@@ -161,9 +161,14 @@ def codes_markdown() -> str:
     rows += [f"| `{c.value}` | {c.severity} | {c.effect} | {c.doc} |" for c in Code]
     rows += ["", "A code is `unsafe` only with evidence that two readers people really use would "
              "read different bytes or run different code; a layout other writers produce (another "
-             "zip tool's extra fields, padding, order) is a note, not evidence. Per `unsafe` code, "
-             "the readers that disagree:", ""]
-    rows += [f"- `{c.value}`: {why}." for c, why in UNSAFE_EVIDENCE.items()]
+             "zip tool's extra fields, padding, order, a CRC or flag no reader decodes by, "
+             "duplicates with the same bytes) is a note, not evidence. A code is `critical` when "
+             "that evidence alone shows a reader people use running a known-dangerous callable, or "
+             "reading other bytes or names than torch reads; an `unsafe` code of `high` severity "
+             "marks a construct no honest writer produces and whose effect depends on what else "
+             "the file holds. Per `unsafe` code, its severity and the readers that disagree (the "
+             "rule it is judged by):", ""]
+    rows += [f"- `{c.value}` ({c.severity}): {why}." for c, why in UNSAFE_EVIDENCE.items()]
     return "\n".join(rows) + "\n"
 
 

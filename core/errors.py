@@ -74,9 +74,12 @@ class Code(StrEnum):
     ZIP_BAD_CENTRAL_DIR = "ZIP_BAD_CENTRAL_DIR", _H, _X, "central directory is malformed"
     ZIP_BAD_LOCAL_HEADER = "ZIP_BAD_LOCAL_HEADER", _H, _X, "a local file header is malformed"
     ZIP_DUPLICATE_NAME = ("ZIP_DUPLICATE_NAME", _C, _U,
-                          "two entries share a name: readers disagree on which one counts")
+                          "two entries share a name (or differ only in case) and hold different "
+                          "bytes, or bytes too many to compare: readers disagree on which one counts")
     ZIP_LOCAL_CENTRAL_MISMATCH = ("ZIP_LOCAL_CENTRAL_MISMATCH", _C, _U,
-                                  "local header disagrees with central directory (name/size/flags)")
+                                  "local header disagrees with central directory in a field readers "
+                                  "locate, decode or name the bytes by (name, method, sizes, the "
+                                  "UTF-8 flag of a non-ASCII name)")
     ZIP_OVERLAPPING_ENTRIES = ("ZIP_OVERLAPPING_ENTRIES", _C, _U,
                                "two entries' bytes overlap")
     ZIP_PREPENDED_DATA = ("ZIP_PREPENDED_DATA", _H, _S,
@@ -96,6 +99,14 @@ class Code(StrEnum):
     ZIP_COMMENT = "ZIP_COMMENT", _I, _N, "the archive has a comment"
     ZIP_BAD_RECORD_DATA = ("ZIP_BAD_RECORD_DATA", _M, _S,
                            "a compressed record does not inflate to its declared size")
+    ZIP_DUPLICATE_IDENTICAL = ("ZIP_DUPLICATE_IDENTICAL", _L, _N,
+                               "entries share a name (or differ only in case) but hold the same "
+                               "bytes by the same method: whichever a reader picks, it reads them")
+    ZIP_LOCAL_CENTRAL_COSMETIC = ("ZIP_LOCAL_CENTRAL_COSMETIC", _L, _N,
+                                  "local header differs from the central directory only in fields "
+                                  "no reader locates or decodes the bytes by (CRC, data-descriptor "
+                                  "or other option flags): every reader reads the same bytes, some "
+                                  "refuse or warn")
 
     # --- pickle -----------------------------------------------------------------------
     PICKLE_TRUNCATED = "PICKLE_TRUNCATED", _H, _X, "the pickle ends before STOP"
@@ -239,10 +250,13 @@ class Code(StrEnum):
 # README prints them under the codes table (`ckptguard codes`).
 UNSAFE_EVIDENCE: dict[Code, str] = {
     Code.ZIP_DUPLICATE_NAME: "torch (miniz: sorted central directory, binary search) and Python's "
-    "zipfile (the last entry of a name) can pick different entries of one name",
-    Code.ZIP_LOCAL_CENTRAL_MISMATCH: "torch (miniz) takes a record's data position from its local "
-    "header and its size from the central directory; zipfile refuses a differing name and streaming "
-    "unzippers take everything from the local header: each reads other bytes",
+    "zipfile (the last entry of a name) can pick different entries of one name, and the entries "
+    "were not proven byte-identical (else ZIP_DUPLICATE_IDENTICAL)",
+    Code.ZIP_LOCAL_CENTRAL_MISMATCH: "torch 2.13 and zipfile take method and sizes from the central "
+    "directory, Info-ZIP unzip takes them from the local header (measured: other bytes out), and "
+    "Java's ZipInputStream names the entry by its local name; a UTF-8 flag that differs on a "
+    "non-ASCII name decodes it to another name (differences in CRC or other flags only are "
+    "ZIP_LOCAL_CENTRAL_COSMETIC)",
     Code.ZIP_OVERLAPPING_ENTRIES: "central-directory readers (torch, zipfile) and streaming readers "
     "that walk local headers one after another see different entries in the shared bytes",
     Code.PICKLE_DANGEROUS_GLOBAL: "torch.load(weights_only=False) and pickle.load import and run it; "

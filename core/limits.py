@@ -79,6 +79,9 @@ class Limits:
     max_region_depth: int = 2                   # a zip in a region in a zip in a region
     region_sniff_bytes: int = 4096              # first read of a region: decides what it is
     max_region_findings: int = 8                # REGION_UNJUDGED listed one by one, then a summary
+    # Entries that share a name are read and compared (core.zip.checks): byte-identical ones
+    # are a note, not evidence. Past this many bytes per scan they stay ZIP_DUPLICATE_NAME.
+    max_duplicate_bytes: int = 64 * 1024 * 1024
     # Findings: past these a report lists one summary per code instead of every repeat, so
     # its size follows the anomalies' kinds, not their count.
     max_zip_findings_per_code: int = 50         # zip forensics

@@ -79,7 +79,7 @@ def analyze_zip(source: ByteSource, directory: ZipDirectory, an: Analysis) -> No
     errors: list[CkptError] = []
     locals_ = read_local_headers(source, directory.entries, errors=errors)
     before = len(an.findings)
-    check_archive(directory, locals_, an)
+    check_archive(directory, locals_, an, source=source)
     # an npz has no torch record prefix: that torch-only rule does not apply here
     an.findings[before:] = [f for f in an.findings[before:]
                             if f.code is not Code.ZIP_NAME_OUTSIDE_PREFIX]

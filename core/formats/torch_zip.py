@@ -189,7 +189,7 @@ def analyze_zip(source: ByteSource, directory: ZipDirectory, an: Analysis) -> No
     locals_ = read_local_headers(source, wanted, errors=header_errors)
     for exc in header_errors:
         an.add(exc.code, exc.message, record=exc.record, offset=exc.offset)
-    check_archive(directory, locals_, an)
+    check_archive(directory, locals_, an, source=source)
     if an.options.verify_crc:
         verify_crcs(source, directory, an)
     # a remote scan reads only the local headers the offset chain needs: say how many
@@ -247,7 +247,7 @@ def check_generic_zip(source: ByteSource, directory: ZipDirectory, an: Analysis)
     """An unrecognised zip: forensics only, and every member that is a pickle gets scanned."""
     cheap = getattr(source, "random_access_cheap", True)
     locals_ = read_local_headers(source, directory.entries if cheap else [])
-    check_archive(directory, locals_, an)
+    check_archive(directory, locals_, an, source=source)
     for i, ent in enumerate(directory.entries):
         small = ent.uncompressed_size <= an.options.limits.max_pickle_bytes
         if i < 64 and ent.name.endswith((".pkl", ".pickle")) and small \

@@ -2,15 +2,22 @@
 
 Strategy: every check reads only what core.zip.directory already parsed (central entries, the
 local headers the caller fetched, EOCD positions); nothing here reads the source except
-`verify_crcs`, which the caller runs only when asked (ScanOptions.verify_crc). Each code
+`verify_crcs`, which the caller runs only when asked (ScanOptions.verify_crc), and the
+comparison of entries that share a name (only when an archive has such entries). Each code
 is capped at MAX_PER_CODE findings plus one summary, so a hostile 1M-entry archive yields
 a bounded report.
 
 What torch 2.13 does with each anomaly (verified in tests/core/zip/test_zip_torch.py):
 * duplicate names: loads whichever entry miniz's heap sort + binary search lands on,
-  case-insensitively (zipdir.torch_names) - neither reliably first nor last;
+  case-insensitively (zipdir.torch_names) - neither reliably first nor last; so the
+  duplicates are read and compared (within `Limits.max_duplicate_bytes`): byte-identical
+  ones are a note (ZIP_DUPLICATE_IDENTICAL), any others evidence (ZIP_DUPLICATE_NAME);
 * local header name/sizes/flags/method: ignored, the central directory wins; only the
-  local name and extra lengths move the data offset;
+  local name and extra lengths move the data offset. Other readers differ: Info-ZIP unzip
+  takes method and sizes from the local header, Java's ZipInputStream the name too
+  (tests/core/zip/test_local_central_readers.py). A difference in such a field is evidence
+  (ZIP_LOCAL_CENTRAL_MISMATCH); one in the CRC or in flags no reader locates or decodes
+  the bytes by is a note (ZIP_LOCAL_CENTRAL_COSMETIC);
 * CRC-32: never checked; gaps between records and appended bytes: ignored;
 * prepended bytes with absolute offsets: miniz reads the archive; torch.load takes the
   zip path only if the file still starts with `PK\\x03\\x04` (polyglot), else legacy;
@@ -34,6 +41,7 @@ from ckptguard.core.zip.directory import (
     ZipDirectory,
     ZipEntry,
     fold_name,
+    read_entry,
     read_record,
 )
 from ckptguard.core.zip.layout import (
@@ -51,6 +59,7 @@ from ckptguard.core.zip.offsets import descriptor_size
 from ckptguard.core.zip.spans import zip_spans_of
 
 KNOWN_METHODS = {0: "stored", 8: "deflate"}
+_ENCRYPTION = FLAG_ENCRYPTED | FLAG_STRONG_ENCRYPTION | FLAG_MASKED_HEADER
 
 
 class _Capped:
@@ -74,11 +83,17 @@ class _Capped:
                 self.an.add(code, f"... and {n - self.cap} more {code} findings")
 
 
-def check_archive(directory: ZipDirectory, locals_: Mapping[int, LocalHeader], an: Analysis) -> None:
-    """Add every zip-level anomaly of `directory` (and the given local headers) to `an`."""
+def check_archive(directory: ZipDirectory, locals_: Mapping[int, LocalHeader], an: Analysis, *,
+                  source: ByteSource | None = None) -> None:
+    """Add every zip-level anomaly of `directory` (and the given local headers) to `an`.
+
+    `source`: where entries that share a name are read to compare them; without it they are
+    never proven identical (ZIP_DUPLICATE_NAME)."""
     an.zip_spans = zip_spans_of(directory, locals_)   # the map of the file (core.filemap)
     out = _Capped(an)
-    _check_names(directory, out)
+    limits = an.options.limits
+    _check_names(directory, out, _Duplicates(source, locals_, limits.max_duplicate_bytes,
+                                             limits.max_bytes_read))
     _check_entries(directory, locals_, out)
     _check_layout(directory, locals_, out)
     if directory.comment:
@@ -87,7 +102,41 @@ def check_archive(directory: ZipDirectory, locals_: Mapping[int, LocalHeader], a
     out.close()
 
 
-def _check_names(directory: ZipDirectory, out: _Capped) -> None:
+class _Duplicates:
+    """Compares entries that share a name: what each reader picks matters only if their bytes
+    differ. Reads follow the duplicates, at most `budget` bytes per scan."""
+
+    def __init__(self, source: ByteSource | None, locals_: Mapping[int, LocalHeader],
+                 budget: int, max_nbytes: int) -> None:
+        self.source, self.locals_, self.budget, self.max_nbytes = source, locals_, budget, max_nbytes
+
+    def difference(self, group: list[ZipEntry]) -> str | None:
+        """Why the entries of `group` may read differently, or None: same method, same bytes."""
+        first = group[0]
+        if any(e.method != first.method for e in group):
+            return "they use different compression methods"
+        if first.method not in KNOWN_METHODS or any(e.flags & _ENCRYPTION for e in group):
+            return "their bytes are not plain (encrypted or an unsupported method): not compared"
+        if any(e.uncompressed_size != first.uncompressed_size for e in group):
+            return "they hold different numbers of bytes"
+        cost = sum(e.compressed_size for e in group)
+        if self.source is None or cost > self.budget:
+            return (f"their {cost} bytes were not compared (Limits.max_duplicate_bytes "
+                    f"has {max(self.budget, 0)} left)" if self.source is not None
+                    else "their bytes were not compared")
+        self.budget -= cost
+        try:
+            want = read_entry(self.source, first, max_nbytes=self.max_nbytes, locals_=self.locals_)
+            if all(read_entry(self.source, e, max_nbytes=self.max_nbytes, locals_=self.locals_)
+                   == want for e in group[1:]):
+                return None
+        except CkptError as exc:
+            return f"one cannot be read ({exc.message})"
+        return "they hold different bytes"
+
+
+
+def _check_names(directory: ZipDirectory, out: _Capped, duplicates: _Duplicates) -> None:
     by_exact: dict[bytes, list[ZipEntry]] = defaultdict(list)
     by_folded: dict[bytes, list[ZipEntry]] = defaultdict(list)
     for e in directory.entries:
@@ -95,18 +144,22 @@ def _check_names(directory: ZipDirectory, out: _Capped) -> None:
     for raw, group in by_exact.items():
         if len(group) > 1:
             read = directory.by_name[group[0].name]
-            out.add(Code.ZIP_DUPLICATE_NAME,
+            why = duplicates.difference(group)
+            out.add(Code.ZIP_DUPLICATE_NAME if why else Code.ZIP_DUPLICATE_IDENTICAL,
                     f"{len(group)} entries named {group[0].name!r} (central indexes "
                     f"{[e.index for e in group]}); torch reads index {read.index} at "
-                    f"{read.header_offset}", record=group[0].name, offset=group[0].central_offset)
+                    f"{read.header_offset}; {why or 'they hold the same bytes'}",
+                    record=group[0].name, offset=group[0].central_offset)
         by_folded[fold_name(raw)].append(group[0])
     for group in by_folded.values():
         if len(group) > 1:
             # miniz compares names case-insensitively: one of them shadows the others
             read = directory.by_name[group[0].name]
-            out.add(Code.ZIP_DUPLICATE_NAME,
+            why = duplicates.difference(group)
+            out.add(Code.ZIP_DUPLICATE_NAME if why else Code.ZIP_DUPLICATE_IDENTICAL,
                     f"names {[e.name for e in group]} differ only in case; torch reads "
-                    f"{read.name!r} (index {read.index}) for all of them",
+                    f"{read.name!r} (index {read.index}) for all of them; "
+                    f"{why or 'they hold the same bytes'}",
                     record=group[0].name, offset=group[0].central_offset)
 
     prefix = directory.prefix()
@@ -146,7 +199,7 @@ def _name_problem(e: ZipEntry) -> str | None:
 def _check_entries(directory: ZipDirectory, locals_: Mapping[int, LocalHeader], out: _Capped) -> None:
     for e in directory.entries:
         refused = False
-        if e.flags & (FLAG_ENCRYPTED | FLAG_STRONG_ENCRYPTION | FLAG_MASKED_HEADER):
+        if e.flags & _ENCRYPTION:
             refused = True
             out.add(Code.ZIP_ENCRYPTED_ENTRY,
                     f"{e.name} is encrypted (flags {e.flags:#06x}): torch fails with "
@@ -165,11 +218,16 @@ def _check_entries(directory: ZipDirectory, locals_: Mapping[int, LocalHeader], 
                           compressed_size=e.compressed_size, method=e.method, record=e.name)
         local = locals_.get(e.index)
         if local is not None:
-            diff = _local_differences(e, local)
-            if diff:
+            material, cosmetic = _local_differences(e, local)
+            if material:
                 out.add(Code.ZIP_LOCAL_CENTRAL_MISMATCH,
                         f"local header of {e.name} disagrees with the central directory: "
-                        + "; ".join(diff), record=e.name, offset=local.offset)
+                        + "; ".join(material + cosmetic), record=e.name, offset=local.offset)
+            elif cosmetic:
+                out.add(Code.ZIP_LOCAL_CENTRAL_COSMETIC,
+                        f"local header of {e.name} differs from the central directory only in "
+                        "fields no reader locates or decodes the bytes by: " + "; ".join(cosmetic),
+                        record=e.name, offset=local.offset)
 
 
 def _local_sizes(local: LocalHeader) -> tuple[int, int]:
@@ -188,22 +246,33 @@ def _local_sizes(local: LocalHeader) -> tuple[int, int]:
     return csize, usize
 
 
-def _local_differences(e: ZipEntry, local: LocalHeader) -> list[str]:
-    diff: list[str] = []
+def _local_differences(e: ZipEntry, local: LocalHeader) -> tuple[list[str], list[str]]:
+    """(material, cosmetic) differences of a local header from its central entry.
+
+    Material: a field some reader locates, decodes or names the bytes by, measured with torch
+    2.13, zipfile, Info-ZIP unzip and Java's ZipInputStream (the name: ZipInputStream's entry
+    name, zipfile refuses; the method and sizes unless deferred: unzip's output; the UTF-8 flag
+    of a non-ASCII name: its decoding). Cosmetic: the CRC and every other flag bit, including
+    the data descriptor and encryption bits: every reader reads the same bytes or refuses.
+    """
+    material: list[str] = []
+    cosmetic: list[str] = []
     if local.name_bytes != e.name_bytes:
-        diff.append(f"name {local.name_bytes!r} vs {e.name_bytes!r}")
-    if local.flags != e.flags:
-        diff.append(f"flags {local.flags:#06x} vs {e.flags:#06x}")
+        material.append(f"name {local.name_bytes!r} vs {e.name_bytes!r}")
     if local.method != e.method:
-        diff.append(f"method {local.method} vs {e.method}")
+        material.append(f"method {local.method} vs {e.method}")
     if not local.flags & FLAG_DESCRIPTOR:
         # bit 3 clear: the local header must carry the real CRC and sizes
         csize, usize = _local_sizes(local)
         if (csize, usize) != (e.compressed_size, e.uncompressed_size):
-            diff.append(f"sizes {csize}/{usize} vs {e.compressed_size}/{e.uncompressed_size}")
+            material.append(f"sizes {csize}/{usize} vs {e.compressed_size}/{e.uncompressed_size}")
         if local.crc32 != e.crc32:
-            diff.append(f"crc {local.crc32:#010x} vs {e.crc32:#010x}")
-    return diff
+            cosmetic.append(f"crc {local.crc32:#010x} vs {e.crc32:#010x}")
+    changed = local.flags ^ e.flags
+    if changed:
+        renamed = changed & FLAG_UTF8 and not (local.name_bytes.isascii() and e.name_bytes.isascii())
+        (material if renamed else cosmetic).append(f"flags {local.flags:#06x} vs {e.flags:#06x}")
+    return material, cosmetic
 
 
 def _record_span(e: ZipEntry, local: LocalHeader | None) -> tuple[int, int, int, bool]:

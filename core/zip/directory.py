@@ -565,6 +565,14 @@ def read_record(source: ByteSource, directory: ZipDirectory, name: str, *,
         raise FormatError(Code.TORCH_MISSING_RECORD,
                           f"PytorchStreamReader failed locating file {name}: file not found",
                           record=name)
+    return read_entry(source, entry, max_nbytes=max_nbytes, locals_=locals_)
+
+
+def read_entry(source: ByteSource, entry: ZipEntry, *,
+               max_nbytes: int = DEFAULT_LIMITS.max_bytes_read,
+               locals_: Mapping[int, LocalHeader] | None = None) -> bytes:
+    """The bytes of one central entry as torch reads them (see `read_record`)."""
+    name = entry.name
     if entry.flags & 0x0041 or entry.flags & 0x2000:
         raise FormatError(Code.ZIP_ENCRYPTED_ENTRY, f"{name} is encrypted: unsupported encryption",
                           offset=entry.header_offset, record=name)

@@ -41,3 +41,16 @@ def test_every_unsafe_code_names_the_readers_that_disagree() -> None:
     unsafe = {c for c in Code if c.effect is Effect.UNSAFE}
     assert set(UNSAFE_EVIDENCE) == unsafe
     assert all(len(why) > 40 for why in UNSAFE_EVIDENCE.values())
+
+
+def test_every_critical_code_is_unsafe_with_its_rule_in_the_codes_table() -> None:
+    """`critical` is the severity of evidence alone: each critical code makes the file unsafe,
+    and the README's codes table prints its rule (the readers that disagree) beside it."""
+    from ckptguard.app.cli import codes_markdown
+    from ckptguard.core.errors import UNSAFE_EVIDENCE, Code, Effect, Severity
+
+    table = codes_markdown()
+    for code in Code:
+        if code.severity is Severity.CRITICAL:
+            assert code.effect is Effect.UNSAFE, code
+            assert f"- `{code.value}` (critical): {UNSAFE_EVIDENCE[code]}." in table, code

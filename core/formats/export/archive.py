@@ -93,7 +93,7 @@ def analyze_zip(source: ByteSource, directory: ZipDirectory, an: Analysis, *,
     an.format = "torch-export"
     errors: list[CkptError] = []
     locals_ = read_local_headers(source, directory.entries, errors=errors)
-    check_archive(directory, locals_, an)
+    check_archive(directory, locals_, an, source=source)
     for exc in errors:
         an.add_error(exc)
     prefix = directory.prefix()

@@ -1,0 +1,305 @@
+"""Which local/central header differences make real readers read other bytes or names?
+
+Differential: each archive is read by torch 2.13's reader (PyTorchFileReader: miniz), Python's
+zipfile, Info-ZIP `unzip -p` and Java's streaming ZipInputStream (the last two when installed),
+and core.zip.checks' verdict is checked against what they did:
+
+* ZIP_LOCAL_CENTRAL_COSMETIC (a note) or no finding: no reader reads other bytes or another
+  name than torch reads; a reader may refuse or warn (unzip's exit status, a Java exception);
+* ZIP_LOCAL_CENTRAL_MISMATCH (unsafe): some pair of readers reads different bytes or names.
+
+Duplicate names likewise: ZIP_DUPLICATE_IDENTICAL only when every reader, whichever entry it
+picks, reads the same bytes.
+"""
+
+from __future__ import annotations
+
+import io
+import shutil
+import struct
+import subprocess
+import zipfile
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ckptguard.core.errors import Code
+from ckptguard.core.io.source import BytesSource
+from ckptguard.core.state import Analysis
+from ckptguard.core.zip.checks import check_archive
+from ckptguard.core.zip.directory import read_directory, read_local_headers
+from tests.core.zip.zipbuild import Member, build_zip
+
+torch = pytest.importorskip("torch")
+pytestmark = pytest.mark.torch
+
+DATA = bytes(range(64)) + b"PAYLOAD!"
+NAME = b"ex/data/0"
+NON_ASCII = "ex/data/é".encode()
+LOCAL_CRC_AT = 14      # offset of the CRC-32 in a local header
+JAVA_READER = Path(__file__).parent / "readers" / "ZipStream.java"
+
+
+def _deflated(data: bytes, level: int) -> bytes:
+    co = zlib.compressobj(level, zlib.DEFLATED, -15)
+    return co.compress(data) + co.flush()
+
+
+@dataclass(frozen=True)
+class Variant:
+    """How the local header of the record `NAME` (or `name`) differs from its central entry."""
+
+    local_name: bytes | None = None
+    central_flags: int = 0x0800
+    local_flags: int | None = None
+    local_method: int | None = None
+    central_method: int = 0
+    local_sizes: tuple[int, int] | None = None
+    descriptor: bool = False
+    local_crc: int | None = None
+    name: bytes = NAME
+    data: bytes = DATA
+
+    def archive(self) -> bytes:
+        payload = _deflated(self.data, 6) if self.central_method == 8 else self.data
+        target = Member(self.name, self.data, method=self.central_method, flags=self.central_flags,
+                        local_name=self.local_name, local_flags=self.local_flags,
+                        local_method=self.local_method, local_sizes=self.local_sizes,
+                        descriptor=self.descriptor, payload=payload)
+        blob = bytearray(build_zip([Member("ex/data.pkl", b"\x80\x02N."), target,
+                                    Member("ex/version", b"3\n")]))
+        if self.local_crc is not None:
+            struct.pack_into("<I", blob, blob.find(b"PK\x03\x04", 1) + LOCAL_CRC_AT, self.local_crc)
+        return bytes(blob)
+
+
+def _verdict(blob: bytes) -> set[Code]:
+    src = BytesSource(blob)
+    directory = read_directory(src)
+    an = Analysis()
+    check_archive(directory, read_local_headers(src, directory.entries), an, source=src)
+    return {f.code for f in an.findings}
+
+
+@dataclass(frozen=True)
+class Read:
+    """What one reader made of the record: the name it gives it (torch: the raw bytes) and the
+    bytes it reads, each None where it refused."""
+
+    name: bytes | None
+    data: bytes | None
+
+
+def _torch(path: Path, name: bytes) -> Read:
+    try:
+        reader = torch._C.PyTorchFileReader(str(path))
+        return Read(name, bytes(reader.get_record(name.split(b"/", 1)[1].decode("utf-8"))))
+    except RuntimeError:
+        return Read(None, None)
+
+
+def _zipfile(blob: bytes) -> Read:
+    """zipfile lists the name from the central directory even where it refuses the bytes."""
+    with zipfile.ZipFile(io.BytesIO(blob)) as z:
+        [info] = [i for i in z.infolist() if i.filename.startswith("ex/data/")]
+        name = info.filename.encode("utf-8")
+        try:
+            return Read(name, z.read(info))
+        except (zipfile.BadZipFile, RuntimeError, NotImplementedError, zlib.error):
+            return Read(name, None)
+
+
+def _unzip(path: Path, name: bytes) -> Read:
+    """`unzip -p`: whatever it writes out, even with a warning or a CRC error (rc 1 or 2)."""
+    done = subprocess.run(["unzip", "-p", str(path), name], capture_output=True, timeout=60,
+                          check=False)
+    return Read(name, done.stdout) if done.returncode in (0, 1, 2) and done.stdout else Read(None, None)
+
+
+@pytest.fixture(scope="session")
+def java_reader(tmp_path_factory: pytest.TempPathFactory) -> Path | None:
+    if shutil.which("javac") is None or shutil.which("java") is None:
+        return None
+    out = tmp_path_factory.mktemp("java")
+    subprocess.run(["javac", "-d", str(out), str(JAVA_READER)], check=True, timeout=300)
+    return out
+
+
+def _java(classes: Path, paths: list[Path]) -> Iterator[list[Read]]:
+    """ZipInputStream over each file (one JVM for all), with UTF-8 and with Cp437 names (the
+    local UTF-8 flag decides): the record under ex/data/, if any, per pass."""
+    done = subprocess.run(["java", "-cp", str(classes), "ZipStream", *map(str, paths)],
+                          capture_output=True, text=True, timeout=300, check=True)
+    passes = [p.split("FILE\n")[1:] for p in done.stdout.split("PASS ")[1:]]
+    for blocks in zip(*passes, strict=True):
+        yield [_java_record(block) for block in blocks]
+
+
+def _java_record(block: str) -> Read:
+    for line in block.splitlines():
+        parts = line.split(" ")
+        if parts[0] == "ENTRY" and len(parts) == 3:
+            name = bytes.fromhex(parts[1])
+            if name.startswith(b"ex/data/"):
+                return Read(name, bytes.fromhex(parts[2]))
+    return Read(None, None)
+
+
+def _disagree(reads: list[Read]) -> bool:
+    """Do two readers name the record differently, or read different bytes from it?"""
+    names = {r.name for r in reads if r.name is not None}
+    return len(names) > 1 or len({r.data for r in reads if r.data is not None}) > 1
+
+
+# Every kind of difference, measured (the experiment behind core.zip.checks' split).
+MATRIX: dict[str, tuple[Variant, Code | None]] = {
+    "clean": (Variant(), None),
+    "name, same length": (Variant(local_name=b"ex/data/9"), Code.ZIP_LOCAL_CENTRAL_MISMATCH),
+    "name, other length": (Variant(local_name=b"ex/data/00"), Code.ZIP_LOCAL_CENTRAL_MISMATCH),
+    # stored bytes that are also a deflate stream: a reader that believes the local method
+    # inflates them into other bytes
+    "method 8 in the local header only": (Variant(local_method=8, data=_deflated(b"other " * 9, 9)),
+                                          Code.ZIP_LOCAL_CENTRAL_MISMATCH),
+    "method 0 locally, deflated centrally": (Variant(central_method=8, local_method=0),
+                                              Code.ZIP_LOCAL_CENTRAL_MISMATCH),
+    "local sizes smaller": (Variant(local_sizes=(8, 8)), Code.ZIP_LOCAL_CENTRAL_MISMATCH),
+    "local sizes larger": (Variant(local_sizes=(70, 70)), Code.ZIP_LOCAL_CENTRAL_MISMATCH),
+    "UTF-8 flag centrally only, non-ASCII name": (
+        Variant(name=NON_ASCII, local_flags=0), Code.ZIP_LOCAL_CENTRAL_MISMATCH),
+    "UTF-8 flag locally only, non-ASCII name": (
+        Variant(name=NON_ASCII, central_flags=0, local_flags=0x0800), Code.ZIP_LOCAL_CENTRAL_MISMATCH),
+    "local CRC": (Variant(local_crc=0xDEADBEEF), Code.ZIP_LOCAL_CENTRAL_COSMETIC),
+    "descriptor bit locally, sizes kept": (Variant(local_flags=0x0808),
+                                           Code.ZIP_LOCAL_CENTRAL_COSMETIC),
+    "descriptor bit locally, sizes deferred": (
+        Variant(local_flags=0x0808, local_sizes=(0, 0), descriptor=True),
+        Code.ZIP_LOCAL_CENTRAL_COSMETIC),
+    "descriptor bit locally, wrong sizes there": (
+        Variant(local_flags=0x0808, local_sizes=(8, 8), descriptor=True),
+        Code.ZIP_LOCAL_CENTRAL_COSMETIC),
+    "descriptor bit centrally only": (Variant(central_flags=0x0808, local_flags=0x0800,
+                                              descriptor=True), Code.ZIP_LOCAL_CENTRAL_COSMETIC),
+    "UTF-8 flag locally only, ASCII name": (Variant(central_flags=0, local_flags=0x0800),
+                                            Code.ZIP_LOCAL_CENTRAL_COSMETIC),
+    "deflate option bit": (Variant(local_flags=0x0802), Code.ZIP_LOCAL_CENTRAL_COSMETIC),
+    "encrypted bit locally only": (Variant(local_flags=0x0801), Code.ZIP_LOCAL_CENTRAL_COSMETIC),
+    "strong-encryption bit locally only": (Variant(local_flags=0x0840),
+                                           Code.ZIP_LOCAL_CENTRAL_COSMETIC),
+    "masked-header bit locally only": (Variant(local_flags=0x2800), Code.ZIP_LOCAL_CENTRAL_COSMETIC),
+}
+
+
+def test_the_split_follows_what_torch_zipfile_unzip_and_java_read(
+        tmp_path: Path, java_reader: Path | None) -> None:
+    has_unzip = shutil.which("unzip") is not None
+    if not has_unzip and java_reader is None:
+        pytest.skip("neither Info-ZIP unzip nor a JDK is installed: only torch and zipfile read")
+    paths: dict[str, Path] = {}
+    for label, (variant, _) in MATRIX.items():
+        paths[label] = tmp_path / f"{len(paths)}.zip"
+        paths[label].write_bytes(variant.archive())
+    java = dict(zip(paths, _java(java_reader, list(paths.values())), strict=True)) \
+        if java_reader is not None else {}
+    for label, (variant, expected) in MATRIX.items():
+        blob = variant.archive()
+        found = _verdict(blob) & {Code.ZIP_LOCAL_CENTRAL_MISMATCH, Code.ZIP_LOCAL_CENTRAL_COSMETIC}
+        assert found == ({expected} if expected else set()), label
+        reads = [_torch(paths[label], variant.name), _zipfile(blob)]
+        reads += [_unzip(paths[label], variant.name)] if has_unzip else []
+        reads += java.get(label, [])
+        assert reads[0].data == variant.data, label   # torch reads the central directory's bytes
+        if expected is Code.ZIP_LOCAL_CENTRAL_MISMATCH and has_unzip and java_reader is not None:
+            assert _disagree(reads), f"{label}: no two readers disagree: {reads}"
+        elif expected is not Code.ZIP_LOCAL_CENTRAL_MISMATCH:
+            assert not _disagree(reads), f"{label}: readers disagree: {reads}"
+
+
+FLAG_BITS = (0x0001, 0x0002, 0x0004, 0x0008, 0x0040, 0x0800, 0x2000)
+
+
+@st.composite
+def variants(draw: st.DrawFn) -> Variant:
+    name = draw(st.sampled_from([NAME, NON_ASCII]))
+    # a non-ASCII name without the central UTF-8 flag is ZIP_BAD_NAME: readers already name
+    # it differently, whatever the local header says
+    central_flags = 0x0800 if name == NON_ASCII else draw(st.sampled_from([0, 0x0800]))
+    flip = sum(draw(st.sets(st.sampled_from(FLAG_BITS), max_size=3)))
+    sizes = draw(st.sampled_from([None, None, (0, 0), (8, 8), (len(DATA), len(DATA))]))
+    return Variant(
+        name=name, central_flags=central_flags, local_flags=central_flags ^ flip,
+        local_name=draw(st.sampled_from([None, None, name[:-1] + b"9"])),
+        central_method=draw(st.sampled_from([0, 8])),
+        local_method=draw(st.sampled_from([None, None, 0, 8])), local_sizes=sizes,
+        descriptor=draw(st.booleans()),
+        local_crc=draw(st.sampled_from([None, None, 0, 0xDEADBEEF])))
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(variant=variants())
+def test_a_note_never_hides_readers_that_disagree(tmp_path: Path, variant: Variant) -> None:
+    """Whatever the local header says: unless the finding is ZIP_LOCAL_CENTRAL_MISMATCH,
+    torch, zipfile and unzip read the same bytes under the same name (or refuse)."""
+    blob = variant.archive()
+    codes = _verdict(blob)
+    if Code.ZIP_LOCAL_CENTRAL_MISMATCH in codes:
+        return
+    path = tmp_path / "v.zip"
+    path.write_bytes(blob)
+    reads = [_torch(path, variant.name), _zipfile(blob)]
+    if shutil.which("unzip") is not None:
+        reads.append(_unzip(path, variant.name))
+    assert not _disagree(reads), (variant, codes, reads)
+
+
+# --- duplicate names ------------------------------------------------------------------------
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(copies=st.lists(st.tuples(st.sampled_from([b"A" * 40, b"A" * 39 + b"B", b""]),
+                                 st.sampled_from([0, 8]), st.sampled_from([1, 9]),
+                                 st.sampled_from([b"ex/data/0", b"ex/DATA/0"])),
+                       min_size=2, max_size=4))
+def test_duplicates_are_a_note_only_when_every_reader_reads_the_same_bytes(
+        tmp_path: Path, copies: list[tuple[bytes, int, int, bytes]]) -> None:
+    """Entries of one name (exact or case-folded): ZIP_DUPLICATE_IDENTICAL iff they use one
+    method and hold the same bytes; then torch's pick and zipfile's read the same bytes."""
+    members = [Member("ex/data.pkl", b"\x80\x02N."), Member("ex/version", b"3\n")]
+    members += [Member(name, data, method=method,
+                       payload=_deflated(data, level) if method == 8 else None)
+                for data, method, level, name in copies]
+    blob = build_zip(members)
+    codes = _verdict(blob)
+    same = len({(data, method) for data, method, _, _ in copies}) == 1
+    assert (Code.ZIP_DUPLICATE_NAME in codes) is not same, (copies, codes)
+    assert Code.ZIP_DUPLICATE_IDENTICAL in codes or not same, (copies, codes)
+    path = tmp_path / "d.zip"
+    path.write_bytes(blob)
+    reader = torch._C.PyTorchFileReader(str(path))
+    with zipfile.ZipFile(io.BytesIO(blob)) as z:
+        for name in {name for _, _, _, name in copies}:
+            if same:
+                assert bytes(reader.get_record(name.decode()[3:])) == z.read(name.decode())
+
+
+def test_duplicates_past_the_comparison_budget_stay_evidence() -> None:
+    """Not compared is not proven identical: past Limits.max_duplicate_bytes the duplicates of
+    a name stay ZIP_DUPLICATE_NAME, and the message says why."""
+    from dataclasses import replace
+
+    from ckptguard.core.limits import DEFAULT_LIMITS
+    from ckptguard.core.state import ScanOptions
+
+    blob = build_zip([Member("ex/data.pkl", b"\x80\x02N."), Member("ex/data/0", DATA),
+                      Member("ex/data/0", DATA)])
+    assert _verdict(blob) >= {Code.ZIP_DUPLICATE_IDENTICAL}
+    src = BytesSource(blob)
+    directory = read_directory(src)
+    an = Analysis(options=ScanOptions(limits=replace(DEFAULT_LIMITS, max_duplicate_bytes=len(DATA))))
+    check_archive(directory, read_local_headers(src, directory.entries), an, source=src)
+    [f] = [f for f in an.findings if f.code is Code.ZIP_DUPLICATE_NAME]
+    assert "not compared" in f.message and "max_duplicate_bytes" in f.message
