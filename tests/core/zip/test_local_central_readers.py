@@ -303,3 +303,30 @@ def test_duplicates_past_the_comparison_budget_stay_evidence() -> None:
     check_archive(directory, read_local_headers(src, directory.entries), an, source=src)
     [f] = [f for f in an.findings if f.code is Code.ZIP_DUPLICATE_NAME]
     assert "not compared" in f.message and "max_duplicate_bytes" in f.message
+
+
+@pytest.mark.parametrize("same", [True, False])
+def test_a_checkpoint_with_a_record_written_twice(tmp_path: Path, same: bool) -> None:
+    """`zipfile.ZipFile(ckpt, "a").writestr(name, ...)` for a record already there (a repack
+    that rewrites one storage): torch.load loads the file; the scan calls it unsafe only when
+    the second copy holds other bytes."""
+    import warnings
+
+    from ckptguard.core.scan import scan_path
+
+    path = tmp_path / "twice.pt"
+    torch.save({"w": torch.ones(4)}, path)
+    with zipfile.ZipFile(path) as z:
+        [name] = [n for n in z.namelist() if n.endswith("/data/0")]
+        data = z.read(name)
+    with warnings.catch_warnings(), zipfile.ZipFile(path, "a") as z:
+        warnings.simplefilter("ignore")          # zipfile: "Duplicate name"
+        z.writestr(name, data if same else bytes(len(data)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert torch.load(path, weights_only=True)["w"].shape == (4,)
+    report = scan_path(path)
+    codes = {f.code for f in report.findings}
+    assert (Code.ZIP_DUPLICATE_NAME in codes) is not same
+    assert (Code.ZIP_DUPLICATE_IDENTICAL in codes) is same
+    assert (report.verdict == "unsafe") is not same, report.verdict
