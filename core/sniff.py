@@ -66,6 +66,12 @@ def sniff(head: bytes, tail: bytes, size: int) -> Sniffed:
     if _looks_like_safetensors(head, size):
         return Sniffed("safetensors", zip_at_tail)
     if looks_like_pickle(head):
+        if zip_at_tail and archive_at_tail(tail, size):
+            # one byte is a weak sign of a pickle ("MZ" of a self-extractor is BININT2): an
+            # archive behind it is read as zipfile reads it, and the bytes before it are a
+            # region, judged as the pickle that pickle.load (and torch's legacy path) runs
+            return Sniffed("zip", True, "prepended data before the first record; its first "
+                           "byte also starts a pickle")
         return Sniffed("pickle", zip_at_tail, f"protocol {head[1]}" if head[:1] == b"\x80"
                        else "no PROTO: protocol 0/1 or not a pickle")
     if zip_at_tail:
@@ -73,6 +79,41 @@ def sniff(head: bytes, tail: bytes, size: int) -> Sniffed:
         # the legacy path and fail; zip readers would see an archive.
         return Sniffed("zip", True, "prepended data before the first record")
     return Sniffed("unknown", zip_at_tail)
+
+
+_EOCD = struct.Struct("<4s4xHHII")          # signature, (disks), entries here/total, size, offset
+_ZIP64_LOCATOR_SIG, _ZIP64_LOCATOR_SIZE = b"PK\x06\x07", 20
+_ZIP64_EOCD = struct.Struct("<4s36xQQ")     # signature, (fields), directory size, offset
+_CENTRAL_SIG, _CENTRAL_MIN = b"PK\x01\x02", 46
+
+
+def archive_at_tail(tail: bytes, size: int) -> bool:
+    """Does the last end record in `tail` (the file's last bytes) close a real central directory?
+
+    The directory ends where the end record (or its zip64 record) begins, wherever the archive
+    starts; it must begin with a central header there, when `tail` holds that byte, or be
+    large enough for its entries otherwise. EOCD-like bytes inside a pickle's data are not
+    an archive (core.zip.directory then reads the archive as miniz and zipfile do).
+    """
+    pos = tail.rfind(ZIP_EOCD_MAGIC, 0, max(len(tail) - _EOCD.size + 4, 0))
+    if pos < 0:
+        return False
+    n_here: int
+    n_total: int
+    cd_size: int
+    _, n_here, n_total, cd_size, _ = _EOCD.unpack_from(tail, pos)
+    end = pos                                   # the directory's end, as an index into tail
+    locator = pos - _ZIP64_LOCATOR_SIZE
+    if locator >= 0 and tail[locator:locator + 4] == _ZIP64_LOCATOR_SIG:
+        record = locator - _ZIP64_EOCD.size
+        if record < 0 or tail[record:record + 4] != b"PK\x06\x06":
+            return False
+        _, cd_size, _ = _ZIP64_EOCD.unpack_from(tail, record)
+        end = record
+    start = end - cd_size
+    if start >= 0:
+        return cd_size == 0 or tail[start:start + 4] == _CENTRAL_SIG
+    return size - len(tail) + start >= 0 and cd_size >= _CENTRAL_MIN * max(n_here, n_total, 1)
 
 
 def looks_like_pickle(head: bytes) -> bool:

@@ -184,7 +184,7 @@ CARRIERS: dict[str, tuple[Callable[[bytes], bytes], str | None]] = {
     "zip_in_record": (zip_in_record, "zip member"),
     "zip_in_gap": (zip_in_gap, "zip member"),
     "junk_prefix_unadjusted": (junk_prefix_unadjusted, None),
-    "prepended_pickle": (prepended_pickle, None),
+    "prepended_pickle": (prepended_pickle, "prefix"),
     "prepended_local_record": (prepended_local_record, "local record"),
     "gap_between_records": (gap_between_records, "gap"),
     "unreferenced_record": (unreferenced_record, "unreferenced record"),

@@ -7,6 +7,8 @@ import struct
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ckptguard.core.sniff import TORCH_LEGACY_MAGIC, sniff
 
@@ -86,3 +88,61 @@ def test_tar_without_ustar_magic_takes_the_tar_path_as_in_torch() -> None:
     data = bytearray(buf.getvalue())
     assert _sniff(bytes(data)) == "torch-tar"
     assert _sniff(bytes(1024)) == "torch-tar"   # all zero: tarfile.open accepts it
+
+
+# --- an archive behind a prefix whose first byte also starts a pickle ------------------------
+
+_PICKLE_FIRST = sorted(set(b"().0123BCFGIJKLMNPSTUVX]cdeghijklnopqrs}\x82\x83\x84\x88\x89\x8a\x8b"
+                           b"\x8c\x8d\x8e\x8f\x90\x91\x92\x93\x94\x95\x96\x97\x98"))
+
+
+def _archive(members: int, prefix: bytes, *, zip64: bool = False, counted: bool = False) -> bytes:
+    """An archive behind `prefix` (`counted`: its offsets count the prefix, SFX style) that
+    Python's zipfile reads."""
+    import io
+    import zipfile
+
+    from tests.core.zip.zipbuild import Member, build_zip
+
+    data = build_zip([Member(f"ex/data/{i}", bytes([i % 256]) * 8) for i in range(members)],
+                     prepend=prefix, zip64_eocd=zip64, relative_offsets=not counted)
+    with zipfile.ZipFile(io.BytesIO(data)) as z:
+        assert z.testzip() is None and len(z.namelist()) == members
+    return data
+
+
+@pytest.mark.parametrize("first", _PICKLE_FIRST)
+def test_an_archive_behind_a_pickle_like_first_byte_is_a_zip(first: int) -> None:
+    """The first byte of `MZ`, of `Copyright`, of `(`...: the archive zipfile reads is found."""
+    data = _archive(3, bytes([first]) + b"Z" * 63)
+    got = sniff(data[:4096], data[-65558:], len(data))
+    assert got.container == "zip" and "also starts a pickle" in got.detail
+
+
+def test_a_pickle_with_an_end_record_in_its_data_stays_a_pickle() -> None:
+    """EOCD-like bytes inside a pickle's data do not close a central directory."""
+    fake = b"PK\x05\x06" + struct.pack("<HHHHIIH", 0, 0, 1, 1, 46, 0, 0)
+    data = pickle.dumps({"blob": b"x" * 100 + fake}, protocol=2)
+    assert _sniff(data) == "pickle"
+
+
+@settings(max_examples=60, deadline=None)
+@given(members=st.integers(0, 40), prefix=st.binary(min_size=1, max_size=300),
+       pad=st.integers(0, 80_000), zip64=st.booleans(), counted=st.booleans())
+def test_archive_at_tail_finds_every_archive_zipfile_reads(members: int, prefix: bytes, pad: int,
+                                                            zip64: bool, counted: bool) -> None:
+    """Whatever precedes it (short or past the tail window), an archive zipfile reads closes a
+    central directory in the file's last bytes; a pickle without one never does."""
+    from ckptguard.core.sniff import archive_at_tail
+
+    data = _archive(members, prefix + b"\0" * pad, zip64=zip64, counted=counted)
+    assert archive_at_tail(data[-65558:], len(data))
+    plain = pickle.dumps({"prefix": prefix, "pad": b"\0" * pad, "n": members}, protocol=2)
+    assert not archive_at_tail(plain[-65558:], len(plain))
+
+
+def test_a_directory_larger_than_the_tail_window_is_still_an_archive() -> None:
+    """2,000 entries: the central directory starts before the last 64 KiB the sniffer sees."""
+    data = _archive(2000, b"MZ" + b"\0" * 62)
+    assert data.rfind(b"PK\x01\x02", 0, len(data) - 65558) > 0   # the directory starts earlier
+    assert _sniff(data) == "zip"
