@@ -10,7 +10,9 @@ This table only ever escalates: "benign" and "unknown" are both non-`safe` (the 
 allowlist alone decides `safe`, DESIGN.md), so a gap here can never make a file safe.
 Sources: fickling's UNSAFE_IMPORTS, picklescan's deny list, ModelScan's, JFrog's and
 ProtectAI's write-ups on scanner bypasses (uuid._get_command_stdout, pydoc.locate,
-numpy.testing runstring, torch.fx reduce_graph_module, functools/operator gadgets).
+numpy.testing runstring, torch.fx reduce_graph_module, functools/operator gadgets), and the
+functions bench/gadget_mining.py finds reaching exec/eval/imports/processes/loaders
+(docs/threat-inventory.md says which, and which versions).
 """
 
 from __future__ import annotations
@@ -106,6 +108,15 @@ DANGEROUS_MODULES: dict[str, Rule] = {
              "posixpath ntpath genericpath"),
     **_rules(_H, _DG, "writes to the system log", "syslog"),
     **_rules(_H, _DG, _FILES + " (torch.onnx.export writes models)", "torch.onnx"),
+    # found by mining installed packages for arguments that reach exec/eval/processes/loaders
+    # (docs/threat-inventory.md, "Gadget mining"): click's editor, pager and launcher run
+    # commands; dotenv's CLI execs its argument; DCP's converters torch.load(weights_only=False);
+    # PyYAML's constructors import the modules a document names
+    **_rules(_C, _DG, _EXEC, """
+        click._termui_impl dotenv.cli torch.distributed.elastic.rendezvous.etcd_server
+        alembic.script.write_hooks"""),
+    **_rules(_C, _NEST, _NESTED, "torch.distributed.checkpoint.format_utils"),
+    **_rules(_C, _DG, _IMPORT, "yaml.constructor"),
 }
 
 # Exact `module.name` entries (and anything reached through them).
@@ -198,6 +209,39 @@ DANGEROUS_NAMES: dict[str, Rule] = {
         setitem delitem iadd iand iconcat ifloordiv ilshift imatmul imod imul ior ipow irshift
         isub itruediv ixor""".split())),
 }
+
+# Gadgets found by mining installed packages (docs/threat-inventory.md, "Gadget mining"): a
+# parameter reaches exec/eval, an import, a process or another deserializer.
+DANGEROUS_NAMES.update({
+    **_rules(_C, _DG, _EXEC, """
+        optparse.Values.read_file sympy.polys.monomials.MonomialOps._build
+        jinja2.environment.Template.from_code jinja2.Template.from_code
+        sqlalchemy.util.langhelpers.exec_code_in_env sqlalchemy.util.exec_code_in_env
+        pygments.lexers.load_lexer_from_file pygments.formatters.load_formatter_from_file
+        click.edit click.termui.edit dataclasses._create_fn dataclasses._init_fn
+        dataclasses._repr_fn dataclasses._frozen_get_del_attr dataclasses._cmp_fn
+        dataclasses._hash_fn attr._make._linecache_and_compile
+        prometheus_client.decorator.FunctionMaker decorator.FunctionMaker"""),
+    **_rules(_C, _DG, _EVAL, """
+        sympy.utilities.matchpy_connector.Replacer._get_lambda sqlalchemy.util.typing.eval_expression
+        sqlalchemy.util.typing.eval_name_only sqlalchemy.util.typing.de_stringify_annotation"""),
+    **_rules(_C, _DG, _IMPORT, """
+        optparse.Values.read_module numpy.core._ufunc_reconstruct
+        numpy.lib._utils_impl._makenamedict numpy._core.function_base.add_newdoc
+        numpy.core.function_base.add_newdoc numpy.lib.add_newdoc numpy.add_newdoc
+        pygments.lexers._load_lexers pygments.formatters._load_formatters jinja2.utils.import_string
+        torch.nn.attention._fa3._fa3_import_module torch.nn.attention._fa4._fa4_import_module
+        torch._logging._internal._get_module_and_submodules numpy.info numpy.lib._utils_impl.info
+        torch.nn.attention._fa3.register_flash_attention_fa3
+        torch.nn.attention._fa4.register_flash_attention_fa4"""),
+    **_rules(_C, _NEST, _NESTED, """
+        numpy.lib._format_impl.read_array jinja2.bccache.Bucket.load_bytecode
+        jinja2.bccache.Bucket.bytecode_from_string
+        torch.distributed.checkpoint.default_planner.DefaultLoadPlanner.load_bytes"""),
+    **_rules(_H, _DG, _FETCH, "click.launch click.termui.launch"),
+    **_rules(_H, _DG, "sets process environment variables from a file or stream (os.environ)",
+             "dotenv.load_dotenv dotenv.main.load_dotenv"),
+})
 
 # Dunder names that are dangerous even as the first (and only) name component.
 DANGEROUS_DUNDERS = frozenset("""

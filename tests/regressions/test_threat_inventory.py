@@ -356,6 +356,71 @@ TORCH_INTERNALS: tuple[tuple[str, str, str], ...] = (
      "fickling's ML list (no such name in torch 2.13: kept, harmless)"),
 )
 
+# Gadgets found by mining the installed packages (stdlib, torch, numpy, sympy and the
+# project's dependencies) for functions whose arguments reach exec/eval, an import, a process
+# or another deserializer, directly or through one call in their module: the method of
+# arXiv 2508.19774's "risky function surface", whose own list is not published
+# (docs/threat-inventory.md, "Gadget mining"). Module rules are probed with a real name.
+MINED_GADGETS: tuple[tuple[str, str, str], ...] = (
+    ("optparse", "Values.read_file", "exec(open(filename).read())"),
+    ("optparse", "Values.read_module", "__import__(modname)"),
+    ("dataclasses", "_create_fn", "exec of a def whose argument defaults run"),
+    ("dataclasses", "_init_fn", "_create_fn"),
+    ("dataclasses", "_repr_fn", "_create_fn"),
+    ("dataclasses", "_frozen_get_del_attr", "_create_fn"),
+    ("dataclasses", "_cmp_fn", "_create_fn"),
+    ("dataclasses", "_hash_fn", "_create_fn"),
+    ("numpy.core", "_ufunc_reconstruct", "__import__(module) then getattr"),
+    ("numpy.lib._utils_impl", "_makenamedict", "__import__(module)"),
+    ("numpy.lib._utils_impl", "info", "_makenamedict(toplevel)"),
+    ("numpy", "info", "numpy.lib._utils_impl.info"),
+    ("numpy._core.function_base", "add_newdoc", "__import__(place), then sets attributes"),
+    ("numpy.core.function_base", "add_newdoc", "numpy 1's spelling"),
+    ("numpy.lib", "add_newdoc", "re-export"),
+    ("numpy", "add_newdoc", "numpy 1's re-export"),
+    ("numpy.lib._format_impl", "read_array", "pickle.load(fp) when allow_pickle"),
+    ("sympy.polys.monomials", "MonomialOps._build", "exec(code)"),
+    ("sympy.utilities.matchpy_connector", "Replacer._get_lambda", "eval(lambda_str)"),
+    ("jinja2.environment", "Template.from_code", "exec(code)"),
+    ("jinja2", "Template.from_code", "re-export"),
+    ("jinja2.utils", "import_string", "__import__(import_name)"),
+    ("jinja2.bccache", "Bucket.load_bytecode", "pickle.load(f), marshal.load(f)"),
+    ("jinja2.bccache", "Bucket.bytecode_from_string", "load_bytecode(BytesIO(string))"),
+    ("sqlalchemy.util.langhelpers", "exec_code_in_env", "exec(code, env)"),
+    ("sqlalchemy.util", "exec_code_in_env", "re-export"),
+    ("sqlalchemy.util.typing", "eval_expression", "eval(expression)"),
+    ("sqlalchemy.util.typing", "eval_name_only", "eval_expression"),
+    ("sqlalchemy.util.typing", "de_stringify_annotation", "eval_expression"),
+    ("pygments.lexers", "load_lexer_from_file", "exec(open(filename).read())"),
+    ("pygments.formatters", "load_formatter_from_file", "exec(open(filename).read())"),
+    ("pygments.lexers", "_load_lexers", "__import__(module_name)"),
+    ("pygments.formatters", "_load_formatters", "__import__(module_name)"),
+    ("click", "edit", "Editor.edit_files: the editor string is the command run"),
+    ("click.termui", "edit", "the same"),
+    ("click._termui_impl", "Editor.edit_files", "Popen(shlex.split(editor) + filenames)"),
+    ("click", "launch", "xdg-open url"),
+    ("click.termui", "launch", "the same"),
+    ("dotenv.cli", "run_command", "os.execvpe(command[0], command)"),
+    ("dotenv", "load_dotenv", "sets os.environ from a file or stream"),
+    ("dotenv.main", "load_dotenv", "the same"),
+    ("yaml.constructor", "FullConstructor.find_python_module", "__import__(name)"),
+    ("attr._make", "_linecache_and_compile", "compile + exec(script)"),
+    ("prometheus_client.decorator", "FunctionMaker.create", "exec of generated source"),
+    ("decorator", "FunctionMaker.create", "the decorator package's original"),
+    ("torch.nn.attention._fa3", "_fa3_import_module", "importlib.import_module(module_path)"),
+    ("torch.nn.attention._fa3", "register_flash_attention_fa3", "_fa3_import_module"),
+    ("torch.nn.attention._fa4", "_fa4_import_module", "importlib.import_module(module_path)"),
+    ("torch.nn.attention._fa4", "register_flash_attention_fa4", "_fa4_import_module"),
+    ("torch._logging._internal", "_get_module_and_submodules", "importlib.import_module(qname)"),
+    ("torch.distributed.checkpoint.format_utils", "torch_save_to_dcp",
+     "torch.load(path, weights_only=False)"),
+    ("torch.distributed.checkpoint.default_planner", "DefaultLoadPlanner.load_bytes",
+     "torch.load(value, weights_only=False)"),
+    ("alembic.script.write_hooks", "exec_", "subprocess.run([path, *options])"),
+    ("torch.distributed.elastic.rendezvous.etcd_server", "EtcdServer.start",
+     "spawns the etcd binary"),
+)
+
 CMD = "__import__('os').system('touch /tmp/ckptguard-pwned')"
 
 
@@ -369,7 +434,8 @@ def probe(name: str) -> str:
     return "ckptguard_probe" if name == "*" else name
 
 
-@pytest.mark.parametrize(("module", "name", "source"), PUBLIC_DENY_LISTS + TORCH_INTERNALS,
+@pytest.mark.parametrize(("module", "name", "source"),
+                         PUBLIC_DENY_LISTS + TORCH_INTERNALS + MINED_GADGETS,
                          ids=lambda v: str(v))
 def test_published_gadget_is_unsafe(judge: Any, module: str, name: str, source: str) -> None:
     name = probe(name)
@@ -402,3 +468,20 @@ def test_neighbours_of_whole_module_rules_are_not_dangerous(module: str, name: s
 def test_module_reached_through_a_dotted_name_is_dangerous(module: str, name: str) -> None:
     """fickling GHSA-5j3x-jp52-966f: protocol 4 walks `os.getcwd` from pathlib's `os`."""
     assert classify_global(module, name).status == "dangerous"
+
+
+@pytest.mark.parametrize(("module", "name", "reaches"), MINED_GADGETS, ids=lambda v: str(v))
+def test_mined_gadget_is_a_real_name_where_installed(module: str, name: str, reaches: str) -> None:
+    """Each mined entry names a callable that exists (no typo can hide behind a table row);
+    a package or an older spelling this environment lacks is skipped."""
+    import importlib
+
+    try:
+        obj: Any = importlib.import_module(module)
+    except ImportError:
+        pytest.skip(f"{module} is not installed here")
+    for part in name.split("."):
+        if not hasattr(obj, part):
+            pytest.skip(f"{module}.{name}: not in this version ({reaches})")
+        obj = getattr(obj, part)
+    assert callable(obj), f"{module}.{name}"
