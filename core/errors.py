@@ -143,7 +143,8 @@ class Code(StrEnum):
                               "resolved statically (evasion: no benign pickle computes its imports)")
     PICKLE_FRAME_DIVERGENCE = ("PICKLE_FRAME_DIVERGENCE", _H, _U,
                                "an opcode runs past its FRAME's end: pickle.load(file) reads other "
-                               "bytes than pickle.loads (hidden opcodes)")
+                               "bytes than pickle.loads (hidden opcodes; what that reader runs is "
+                               "judged too, at its file offsets)")
     PICKLE_GLOBAL_MUTATION = ("PICKLE_GLOBAL_MUTATION", _H, _U,
                               "BUILD/SETITEM(S)/APPEND(S) on an imported object (sys.path, os.environ)")
 

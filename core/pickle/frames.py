@@ -11,11 +11,19 @@ can hide there. So each frame is walked opcode by opcode (argument lengths only,
 decoded) and must end on an opcode boundary, with no FRAME before its end.
 
     frame_divergence(data, [(frame_opcode_pos, start, end)]) -> (pos, message) | None
+
+What the file reader then runs is replayed too: `file_reader_view` serves the bytes as the C
+unpickler reading a file without `peek` (a BytesIO: how torch.load(weights_only=False)
+reads data.pkl) serves them, opcode by opcode, and returns them as one linear pickle with
+the map back to file offsets, so the VM can interpret the hidden opcodes and the threat
+analysis name them.
 """
 
 from __future__ import annotations
 
+import bisect
 import struct
+from dataclasses import dataclass
 
 from ckptguard.core.pickle.opcodes import OPCODES
 
@@ -85,3 +93,136 @@ def _next_opcode(data: bytes, pos: int) -> int | None:
         if end < 0:
             return None
     return end + 1
+
+
+@dataclass(frozen=True, slots=True)
+class FileView:
+    """The opcodes pickle.load(file) runs, in its order, FRAMEs left out: a linear pickle."""
+
+    data: bytes
+    starts: tuple[int, ...]      # view position where each run of contiguous file bytes begins
+    files: tuple[int, ...]       # ... and the file position it was served from
+    diverges_at: int             # view position of the first opcode read across a cut
+
+    def file_offset(self, pos: int) -> int:
+        """The position in the pickle's data of view position `pos`."""
+        k = max(bisect.bisect_right(self.starts, pos) - 1, 0)
+        return self.files[k] + pos - self.starts[k]
+
+
+class _FileReader:
+    """CPython's C unpickler's input over a file without peek (`_Unpickler_Read`,
+    `_Unpickler_Readline`, `load_frame` in Modules/_pickle.c): a read that does not fit in
+    the current buffer (a frame) is served from the file, whose position is the buffer's end,
+    and the rest of the buffer is dropped. What is served (FRAMEs aside) is kept, in order."""
+
+    def __init__(self, data: bytes, start: int) -> None:
+        self.data, self.fpos, self.cur, self.end = data, start, start, start
+        self.out = bytearray()
+        self.starts: list[int] = []
+        self.files: list[int] = []
+        self.cut = False                 # a read since the last reset dropped buffered bytes
+
+    def keep(self, lo: int, hi: int) -> None:
+        if not self.files or self.files[-1] + len(self.out) - self.starts[-1] != lo:
+            self.starts.append(len(self.out))
+            self.files.append(lo)
+        self.out += self.data[lo:hi]
+
+    def read(self, n: int) -> int | None:
+        """Serve `n` bytes; their position in `data`, or None past the end."""
+        if self.cur + n <= self.end:
+            self.cur += n
+            return self.cur - n
+        if self.fpos + n > len(self.data):
+            return None
+        self.cut |= self.cur != self.end
+        self.fpos = self.cur = self.end = self.fpos + n
+        return self.fpos - n
+
+    def readline(self) -> int | None:
+        """Serve one line; where it starts (it ends at `self.cur`), or None without one."""
+        nl = self.data.find(b"\n", self.cur, self.end)
+        if nl >= 0:
+            lo, self.cur = self.cur, nl + 1
+            return lo
+        nl = self.data.find(b"\n", self.fpos)
+        if nl < 0:
+            return None
+        self.cut |= self.cur != self.end
+        lo, self.fpos = self.fpos, nl + 1
+        self.cur = self.end = self.fpos
+        return lo
+
+    def frame(self, size: int) -> bool:
+        """load_frame: the frame's bytes become the buffer (read from the file unless they
+        already are in it, as a frame inside a frame is)."""
+        if self.cur + size <= self.end:
+            return True
+        if self.fpos + size > len(self.data):
+            return False
+        self.cut |= self.cur != self.end
+        self.cur, self.end = self.fpos, self.fpos + size
+        self.fpos += size
+        return True
+
+
+def file_reader_view(data: bytes, start: int = 0) -> FileView | None:
+    """What pickle.load(file) runs of the pickle at `data[start:]`, or None where it reads
+    exactly what a linear reader (pickle.loads, the VM) reads. One pass over the opcodes."""
+    reader = _FileReader(data, start)
+    diverges_at = -1
+    while True:
+        at = len(reader.out)
+        reader.cut = False
+        pos = reader.read(1)
+        info = OPCODES[data[pos]] if pos is not None else None
+        if pos is None or info is None:
+            break
+        if data[pos] == _FRAME:
+            size = reader.read(8)
+            if size is None or not reader.frame(struct.unpack_from("<Q", data, size)[0]):
+                break
+        else:
+            reader.keep(pos, pos + 1)
+            if not _read_argument(reader, info.arg, info.fixed_size):
+                break
+        if reader.cut and diverges_at < 0:
+            diverges_at = at
+        if data[pos] == 0x2E:   # STOP
+            break
+    if diverges_at < 0:
+        return None
+    return FileView(bytes(reader.out), tuple(reader.starts), tuple(reader.files), diverges_at)
+
+
+def _read_argument(reader: _FileReader, kind: str | None, fixed: int | None) -> bool:
+    """Serve (and keep) one opcode's argument as the C unpickler reads it."""
+    if kind is None:
+        return True
+    if fixed:
+        lo = reader.read(fixed)
+        if lo is None:
+            return False
+        reader.keep(lo, lo + fixed)
+        return True
+    if kind in _LEN:
+        width, fmt = _LEN[kind]
+        lo = reader.read(width)
+        if lo is None:
+            return False
+        reader.keep(lo, lo + width)
+        size = struct.unpack_from(fmt, reader.data, lo)[0]
+        if size < 0:
+            return False
+        body = reader.read(size)
+        if body is None:
+            return False
+        reader.keep(body, body + size)
+        return True
+    for _ in range(_LINES.get(kind, 0) or -1):
+        lo = reader.readline()
+        if lo is None:
+            return False
+        reader.keep(lo, reader.cur)
+    return kind in _LINES

@@ -32,13 +32,13 @@ import gc
 import re
 import struct
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from ckptguard.core.errors import CkptError, Code, FormatError, LimitExceeded
 from ckptguard.core.limits import DEFAULT_LIMITS, Limits
-from ckptguard.core.pickle.frames import frame_divergence
+from ckptguard.core.pickle.frames import file_reader_view, frame_divergence
 from ckptguard.core.pickle.opcodes import (
     OPCODES,
     decode_float_line,
@@ -267,8 +267,31 @@ class _Machine:
             diverges = frame_divergence(data, self.frames)
             if diverges is not None:
                 self.note(Code.PICKLE_FRAME_DIVERGENCE, diverges[1], diverges[0])
+                self._add_hidden(data)
         _unlink(dispatch)
         return res
+
+    def _add_hidden(self, data: bytes) -> None:
+        """What pickle.load(file) runs past a frame divergence (core.pickle.frames): its
+        globals, calls and notes join this result at their file offsets, so the threat
+        analysis judges the hidden opcodes too."""
+        view = file_reader_view(data, self.start)
+        if view is None:
+            return
+        hidden = run_vm(view.data, limits=self.limits)
+        res, at = self.result, view.diverges_at
+
+        def where(pos: int) -> int:
+            return self.base + view.file_offset(pos)
+
+        res.globals += [replace(g, offset=where(g.offset)) for g in hidden.globals
+                        if g.offset >= at]
+        for call in hidden.calls:
+            if call.offset >= at:
+                call.offset = where(call.offset)
+                res.calls.append(call)
+        res.notes += [(code, f"{msg} (in what pickle.load(file) reads)", where(off))
+                      for code, msg, off in hidden.notes if off >= at]
 
     def _classify(self, exc: Exception, pos: int, n: int) -> CkptError:
         """Turn a Python exception raised by a handler at opcode `pos` into a CkptError."""

@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ckptguard.core.errors import Code
+from ckptguard.core.pickle.frames import file_reader_view
 from ckptguard.core.pickle.vm import run_vm
 from tests.builders.pickle_asm import asm
 
@@ -48,7 +49,62 @@ def test_the_readers_really_disagree() -> None:
     from_file.load()
     assert from_file.imported == [("os", "system")]
     assert pickle.loads(data) is None                      # loads imports nothing
-    assert run_vm(data).globals == []                       # nor does the linear VM
+    # the VM reads linearly like loads, and then replays what the file reader runs: the
+    # hidden import is judged at its place in the file
+    [hidden] = run_vm(data).globals
+    assert (hidden.module, hidden.name) == ("os", "system")
+    assert data[hidden.offset:hidden.offset + 10] == b"cos\nsystem"
+
+
+def test_the_hidden_payload_is_named() -> None:
+    """Not only "the framing diverges": the call the file reader makes is a finding."""
+    from ckptguard.core.scan import scan_bytes
+
+    report = scan_bytes(straddling())
+    assert report.verdict == "unsafe"
+    [call] = [f for f in report.findings if f.code is Code.PICKLE_DANGEROUS_CALL]
+    assert "os.system('id')" in call.message
+    assert straddling()[call.offset:call.offset + 1] == b"R"      # the REDUCE, in the file
+
+
+# -- the file reader's view is what the C unpickler reads from a file ----------------------
+
+
+def _load_from_file(data: bytes) -> tuple[str, Any, list[tuple[str, str]]]:
+    rec = Recorder(io.BytesIO(data))
+    try:
+        return "ok", rec.load(), rec.imported
+    except Exception as exc:   # the outcome is what is compared
+        return type(exc).__name__, None, rec.imported
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data())
+def test_file_reader_view_matches_the_c_unpickler(draw: st.DataObject) -> None:
+    """Random FRAMEs dropped at opcode boundaries of a real pickle (lengths that end inside
+    an opcode, inside another frame, anywhere): reading the view linearly gives what
+    pickle.load(BytesIO) gives, imports included."""
+    import pickletools
+
+    value = draw.draw(JSONISH)
+    protocol = draw.draw(st.sampled_from([0, 1, 2]))   # text opcodes (lines) too
+    raw = pickle.dumps(["x", value, HIDDEN], protocol=protocol)
+    raw = raw[2:] if raw[:1] == b"\x80" else raw        # no PROTO, no frames
+    bounds = [pos for _, _, pos in pickletools.genops(raw)][1:]
+    cuts = sorted(draw.draw(st.sets(st.sampled_from(bounds or [0]), max_size=4)))
+    out, last = bytearray(b"\x80\x05"), 0
+    for cut in cuts:
+        out += raw[last:cut]
+        out += b"\x95" + draw.draw(st.integers(0, 64)).to_bytes(8, "little")
+        last = cut
+    data = bytes(out + raw[last:])
+    view = file_reader_view(data)
+    linear = view.data if view is not None else data
+    got = _load_from_file(linear)
+    want = _load_from_file(data)
+    assert got[2] == want[2]
+    if want[0] == "ok":
+        assert got[:2] == want[:2]
 
 
 def test_straddling_frame_is_unsafe(judge: Any) -> None:
