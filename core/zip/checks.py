@@ -119,7 +119,7 @@ class _Duplicates:
             return "their bytes are not plain (encrypted or an unsupported method): not compared"
         if any(e.uncompressed_size != first.uncompressed_size for e in group):
             return "they hold different numbers of bytes"
-        cost = sum(e.compressed_size for e in group)
+        cost = sum(max(e.compressed_size, e.uncompressed_size) for e in group)   # read + inflated
         if self.source is None or cost > self.budget:
             return (f"their {cost} bytes were not compared (Limits.max_duplicate_bytes "
                     f"has {max(self.budget, 0)} left)" if self.source is not None
