@@ -1,8 +1,9 @@
-"""`ckptguard` command line: scan, get, codes, serve. The only module that prints.
+"""`ckptguard` command line: scan, get, codes, serve, worker. The only module that prints.
 
     ckptguard scan TARGET... [--format text|json|jsonl|sarif] [-o FILE] [-q] [-j N]
     ckptguard get PATH|URL TENSOR_NAME -o out.npy
-    ckptguard serve [--host H] [--port P]
+    ckptguard serve [--host H] [--port P] [--api-only]
+    ckptguard worker
 
 A TARGET is a file, a folder (files chosen by content), a quoted glob, an http(s) URL or
 `hf://[datasets/]owner/name[@revision][/path]`. Expansion lives in app/targets.py, the
@@ -180,7 +181,14 @@ def _cmd_codes(args: argparse.Namespace) -> int:
 def _cmd_serve(args: argparse.Namespace) -> int:
     from ckptguard.app.main import serve
 
-    serve(host=args.host, port=args.port)
+    serve(host=args.host, port=args.port, api_only=args.api_only)
+    return 0
+
+
+def _cmd_worker(args: argparse.Namespace) -> int:
+    from ckptguard.app.main import work
+
+    work()
     return 0
 
 
@@ -252,7 +260,19 @@ def build_parser() -> argparse.ArgumentParser:
                        help="address to bind (default: CKPTGUARD_HOST, 127.0.0.1)")
     serve.add_argument("--port", type=int, default=None,
                        help="port to bind (default: CKPTGUARD_PORT, 8000)")
+    serve.add_argument("--api-only", action="store_true",
+                       help="serve HTTP and queue jobs, run none: hub revisions and ?async=true URL "
+                            "scans go to `ckptguard worker` processes (uploads are still scanned here)")
     serve.set_defaults(func=_cmd_serve)
+
+    worker = sub.add_parser(
+        "worker", parents=[debug], help="run hub jobs and asynchronous URL scans (no HTTP)",
+        description="Run the job tier's jobs with the sandboxed scan pool until SIGTERM, which "
+                    "finishes the running jobs or hands them back. On PostgreSQL any number of "
+                    "workers may run on any host that reaches the database and the hub (README, "
+                    "Scaling out); on SQLite, on the host of the database file. Configured by "
+                    "CKPTGUARD_* environment variables like `serve`.")
+    worker.set_defaults(func=_cmd_worker)
     return parser
 
 

@@ -127,8 +127,21 @@ async def _retain_periodically(store: Store, days: float, interval: float) -> No
         await asyncio.sleep(interval)
 
 
-def create_app(settings: Settings | None = None) -> FastAPI:
-    """Build the service. The database and the worker pool start in the lifespan."""
+def scan_pool(settings: Settings, metrics: Metrics) -> Jobs:
+    """The process's sandboxed scan pool (not started)."""
+    return Jobs(settings.workers,
+                WorkerLimits(memory_bytes=settings.worker_memory_mb * MiB,
+                             cpu_seconds=settings.worker_cpu_seconds,
+                             test_hooks=settings.test_hooks,
+                             recycle_growth_bytes=settings.worker_recycle_mb * MiB),
+                timeout_s=settings.scan_timeout_seconds, max_scans=settings.worker_max_scans,
+                max_queued=settings.max_queued_scans, on_restart=metrics.restarted)
+
+
+def create_app(settings: Settings | None = None, *, run_jobs: bool = True) -> FastAPI:
+    """Build the service. The database, the worker pool and the job tier start in the lifespan.
+    `run_jobs` False: an API-only node (`ckptguard serve --api-only`) that queues hub jobs and
+    asynchronous URL scans for `ckptguard worker`s (app/tier.py)."""
     settings = settings or Settings()
     logs.configure(settings.log_level)
     metrics = Metrics()
@@ -138,23 +151,16 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         store = await asyncio.to_thread(Store.open, settings.resolved_database_url)
         stale_age = max(3600.0, 2 * settings.scan_timeout_seconds)
         swept = await asyncio.to_thread(sweep_stale, settings.resolved_upload_dir, stale_age)
-        jobs = Jobs(settings.workers,
-                    WorkerLimits(memory_bytes=settings.worker_memory_mb * MiB,
-                                 cpu_seconds=settings.worker_cpu_seconds,
-                                 test_hooks=settings.test_hooks,
-                                 recycle_growth_bytes=settings.worker_recycle_mb * MiB),
-                    timeout_s=settings.scan_timeout_seconds, max_scans=settings.worker_max_scans,
-                    max_queued=settings.max_queued_scans, on_restart=metrics.restarted)
+        jobs = scan_pool(settings, metrics)
         await jobs.start()
         metrics.watch_pool(lambda: jobs.queue_depth, lambda: jobs.busy)
         app.state.store, app.state.jobs = store, jobs
         app.state.scans = ScanService(settings, store, jobs, metrics)
-        from ckptguard.app.hub.jobs import (
-            HubRunner,  # the model-hub webhook's durable jobs (app/README_HUB.md)
-        )
+        from ckptguard.app.tier import open_tier  # hub revisions and async URL scans
 
-        app.state.hub = HubRunner(settings, store, jobs=jobs, metrics=metrics)
-        await app.state.hub.start()
+        tier = await open_tier(settings, app.state.scans, metrics, run_jobs=run_jobs)
+        app.state.hub, app.state.queue, app.state.url_scans = tier.hub, tier.queue, tier.urls.db
+        metrics.watch_queues(tier.queue.stats)
         sweeper = asyncio.create_task(_sweep_periodically(settings.resolved_upload_dir, stale_age,
                                                           settings.upload_sweep_seconds))
         retainer = None
@@ -170,7 +176,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             sweeper.cancel()
             if retainer is not None:
                 retainer.cancel()
-            await app.state.hub.close()
+            await tier.close()
             await jobs.close()
             await asyncio.to_thread(store.close)
 
@@ -198,16 +204,46 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     return app
 
 
-def serve(host: str | None = None, port: int | None = None) -> None:
+def serve(host: str | None = None, port: int | None = None, *, api_only: bool = False) -> None:
     """Run the service with uvicorn on the settings' defaults (127.0.0.1:8000, ./data)."""
     import uvicorn
 
     from ckptguard.app.http_protocol import HeadDeadlineProtocol
 
     settings = Settings()
-    uvicorn.run(create_app(settings), host=host or settings.host,
+    uvicorn.run(create_app(settings, run_jobs=not api_only), host=host or settings.host,
                 port=settings.port if port is None else port,
                 log_level=settings.log_level.lower(), access_log=False,
                 log_config=logs.uvicorn_log_config(settings.log_level),
                 http=HeadDeadlineProtocol.with_head_timeout(settings.header_timeout_seconds),
                 timeout_graceful_shutdown=10, server_header=False)   # no "server: uvicorn"
+
+
+def work(settings: Settings | None = None) -> None:
+    """`ckptguard worker`: run hub jobs and asynchronous URL scans, no HTTP, until SIGTERM."""
+    settings = settings or Settings()
+    logs.configure(settings.log_level)
+    asyncio.run(_work(settings))
+
+
+async def _work(settings: Settings) -> None:
+    from ckptguard.app.tier import open_tier, run_worker
+
+    metrics = Metrics()
+    store = await asyncio.to_thread(Store.open, settings.resolved_database_url)
+    jobs = scan_pool(settings, metrics)
+    try:
+        await jobs.start()
+        tier = await open_tier(settings, ScanService(settings, store, jobs, metrics), metrics,
+                               run_jobs=True, in_background=False)
+        log.info("worker started", extra={"event": "worker_start", "version": __version__,
+                                          "distributed": settings.distributed,
+                                          "workers": settings.workers})
+        try:
+            await run_worker(tier, install_signal_handlers=True)
+        finally:
+            await tier.close()
+    finally:
+        await jobs.close()
+        await asyncio.to_thread(store.close)
+    log.info("worker stopped", extra={"event": "worker_stop"})

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+if TYPE_CHECKING:
+    from ckptguard.app.jobqueue import QueueStats
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -39,9 +43,35 @@ class Metrics:
                                  "Hub files finished, by state and whether a stored report was reused",
                                  ["state", "reused"], registry=self.registry)
 
+        # the job tier (app/jobqueue.py), per queue; totals kept by the database
+        self.jobs_queued = Gauge("ckptguard_jobs_queued", "Jobs waiting in the job tier, by queue",
+                                 ["queue"], registry=self.registry)
+        self.jobs_running = Gauge("ckptguard_jobs_running", "Jobs running in the job tier, by queue",
+                                  ["queue"], registry=self.registry)
+        self.job_retries = Gauge("ckptguard_job_retries", "Retries the job tier scheduled, by queue",
+                                 ["queue"], registry=self.registry)
+        self.job_recoveries = Gauge("ckptguard_job_stalled_recoveries",
+                                    "Jobs of dead workers queued again, by queue",
+                                    ["queue"], registry=self.registry)
+        self._queue_stats: Callable[[], Awaitable[list[QueueStats]]] | None = None
+
     def watch_pool(self, depth: Callable[[], float], busy: Callable[[], float]) -> None:
         self.queue_depth.set_function(depth)
         self.busy.set_function(busy)
+
+    def watch_queues(self, stats: Callable[[], Awaitable[list[QueueStats]]]) -> None:
+        """The job tier's figures, read from the database when /metrics is rendered."""
+        self._queue_stats = stats
+
+    async def refresh(self) -> None:
+        """Before rendering: the job tier's figures (shared by every node: from the database)."""
+        if self._queue_stats is None:
+            return
+        for s in await self._queue_stats():
+            self.jobs_queued.labels(queue=s.queue).set(s.queued)
+            self.jobs_running.labels(queue=s.queue).set(s.running)
+            self.job_retries.labels(queue=s.queue).set(s.retries)
+            self.job_recoveries.labels(queue=s.queue).set(s.stalled_recoveries)
 
     def restarted(self, reason: str) -> None:
         self.restarts.labels(reason=reason).inc()

@@ -90,9 +90,24 @@ class Settings(BaseSettings):
     hub_scan_attempts: int = Field(default=3, ge=1, le=20, description="tries per file (and tree listing)")
     hub_retry_backoff_seconds: float = Field(default=2.0, ge=0,
                                              description="first retry delay, doubled each time")
-    hub_lease_seconds: float = Field(default=60.0, gt=0,
-                                     description="a running hub job not renewed for this long is resumed")
-    hub_concurrency: int = Field(default=2, ge=1, le=64, description="files of a revision scanned at once")
+    hub_lease_seconds: float = Field(default=60.0, gt=0, description="SQLite: a running hub job not "
+                                     "renewed for this long is resumed")
+    hub_concurrency: int = Field(default=2, ge=1, le=64, description="files of a revision scanned at "
+                                 "once (in-process queue, SQLite)")
+    # --- the job tier (app/jobqueue.py; on PostgreSQL procrastinate, app/hub/tasks.py) ---
+    worker_concurrency: int = Field(default=2, ge=1, le=256, description="PostgreSQL: jobs one "
+                                    "`ckptguard worker` (or `serve`) runs at once")
+    worker_shutdown_seconds: float = Field(default=30.0, ge=0, description="PostgreSQL: on SIGTERM a "
+                                           "worker finishes its jobs for this long, then hands them back")
+    queue_heartbeat_seconds: float = Field(default=10.0, gt=0,
+                                           description="PostgreSQL: how often a worker says it is alive")
+    queue_stalled_seconds: float = Field(default=30.0, gt=0, description="PostgreSQL: the jobs of a worker "
+                                         "silent this long are queued again")
+    queue_recover_seconds: float = Field(default=15.0, gt=0, description="PostgreSQL: how often stalled "
+                                         "jobs are looked for (whole seconds; at least every minute)")
+    reconcile_cron: str | None = Field(default=None, description="PostgreSQL: cron expression (5 fields, "
+                                       "optional 6th for seconds) of the periodic reconcile of every "
+                                       "known branch; unset = off")
     hub_max_files: int = Field(default=10000, ge=1, description="files listed per revision, at most")
     url_allow_private: bool = Field(default=False,
                                     description="URL scans may reach private addresses (app/ssrf.py)")
@@ -111,6 +126,21 @@ class Settings(BaseSettings):
         if any(len(k) < 16 for k in self.api_keys):
             raise ValueError("CKPTGUARD_API_KEYS: each key needs at least 16 characters")
         return self
+
+    @field_validator("reconcile_cron")
+    @classmethod
+    def _check_cron(cls, value: str | None) -> str | None:
+        if value:
+            import croniter
+
+            if not croniter.croniter.is_valid(value):
+                raise ValueError(f"CKPTGUARD_RECONCILE_CRON: {value!r} is not a cron expression")
+        return value or None
+
+    @property
+    def distributed(self) -> bool:
+        """PostgreSQL: the job tier runs on procrastinate (workers anywhere); else in-process."""
+        return self.resolved_database_url.startswith(("postgresql", "postgres"))
 
     @property
     def resolved_database_url(self) -> str:

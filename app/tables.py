@@ -148,3 +148,38 @@ hub_deliveries = sa.Table(
     sa.Column("received_at", sa.DateTime(timezone=True), nullable=False),
     sa.UniqueConstraint("repo_type", "repo", "ref", "new_sha", name="uq_hub_deliveries"),
 )
+
+# --- asynchronous URL scans (POST /scan/url?async=true; app/urlscans.py) -------------------
+# The request (URL, headers until the scan ends) and its outcome; the report itself is a scan
+# record like any other. `lease_until` (epoch seconds) lets the in-process queue take over a
+# scan whose process died (SQLite); on PostgreSQL procrastinate's lock and recovery do that.
+url_scans = sa.Table(
+    "url_scans",
+    metadata,
+    sa.Column("id", sa.String(32), primary_key=True),
+    sa.Column("url", sa.Text, nullable=False),
+    sa.Column("headers", sa.Text, nullable=True),               # JSON; cleared when finished
+    sa.Column("state", sa.String(16), nullable=False),          # queued|running|done|failed
+    sa.Column("report_id", sa.String(32), nullable=True),
+    sa.Column("error", sa.Text, nullable=True),
+    sa.Column("lease_until", sa.Float, nullable=True),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Index("ix_url_scans_state", "state"),
+)
+
+# Jobs of a dead worker that the job tier's recovery task queued again (for /metrics).
+job_recoveries = sa.Table(
+    "job_recoveries",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("queue", sa.String(64), nullable=False),
+    sa.Column("task", sa.String(64), nullable=False),
+    sa.Column("recovered_at", sa.DateTime(timezone=True), nullable=False),
+)
+
+
+def ours(name: str | None, type_: str, parent_names: object) -> bool:
+    """Alembic's `include_name`: procrastinate's tables (PostgreSQL, migration 0004) are its own
+    schema, applied from its SQL file, not this metadata's."""
+    return not (name or "").startswith("procrastinate_")

@@ -5,7 +5,10 @@ point leaves rows a restart can continue from. A job is claimed with a condition
 UPDATE (queued, or running with an expired lease) and the lease is renewed while the
 runner works, so two replicas sharing a database never run the same job at once.
     job:  queued -> running -> done | failed      (running + lease expired -> claimable)
+          queued -> cancelled                     (a queued rescan called off)
     file: queued -> running -> done | failed | skipped   (failed only after the last retry)
+Leases are the in-process queue's (SQLite); on PostgreSQL procrastinate's locks keep a job
+to one worker, and its tasks use `begin`, `finish_if_complete` (app/hub/tasks.py).
 Blocking calls: the async runner uses `asyncio.to_thread`.
 """
 
@@ -26,6 +29,8 @@ from ckptguard.app.hub.client import TreeFile
 from ckptguard.app.tables import hub_deliveries, hub_files, hub_jobs
 
 FINISHED = frozenset({"done", "failed"})
+RESCANNABLE = FINISHED | {"cancelled"}
+PENDING = ("queued", "running")
 # Worst first: a file that could not be judged counts as `invalid` (never as safe).
 VERDICT_RANK = {"safe": 0, "suspicious": 1, "invalid": 2, "unsafe": 3}
 
@@ -188,13 +193,14 @@ class HubDb:
     def reset(self, job_id: str) -> bool:
         """Queue a finished revision again from scratch (tree listing, every file).
 
-        False if the job is not finished (queued or running jobs are left alone). Files whose
+        False if the job is not finished (queued or running jobs are left alone; a cancelled
+        one may be queued again). Files whose
         LFS sha256 has a report from this scanner version and policy still reuse it; after an
         upgrade or an allowlist change they are scanned again.
         """
         with self.engine.begin() as conn:
             done = conn.execute(hub_jobs.update().where(
-                hub_jobs.c.id == job_id, hub_jobs.c.state.in_(FINISHED)).values(
+                hub_jobs.c.id == job_id, hub_jobs.c.state.in_(RESCANNABLE)).values(
                 state="queued", listed=False, verdict=None, error=None, attempts=0,
                 next_attempt_at=None, lease_owner=None, lease_until=None, notify_state=None,
                 notify_error=None, updated_at=_now()))
@@ -203,11 +209,30 @@ class HubDb:
             conn.execute(hub_files.delete().where(hub_files.c.job_id == job_id))
         return True
 
-    def list_failed(self, job_id: str, error: str, *, retry_at: float | None, notify: bool = False) -> None:
-        """A tree listing failed: retry at `retry_at`, or fail the job for good (None)."""
+    def cancel(self, job_id: str) -> bool:
+        """Call off a revision nobody has started (queued -> cancelled); False otherwise."""
+        with self.engine.begin() as conn:
+            done = conn.execute(hub_jobs.update().where(
+                hub_jobs.c.id == job_id, hub_jobs.c.state == "queued").values(
+                state="cancelled", lease_owner=None, lease_until=None, updated_at=_now()))
+        return done.rowcount == 1
+
+    def begin(self, job_id: str) -> bool:
+        """A procrastinate task takes the revision (its lock keeps it to one worker, so a
+        `running` row is one a dead worker left). False when cancelled or finished."""
+        with self.engine.begin() as conn:
+            done = conn.execute(hub_jobs.update().where(
+                hub_jobs.c.id == job_id, hub_jobs.c.state.in_(PENDING)).values(
+                state="running", updated_at=_now()))
+        return done.rowcount == 1
+
+    def list_failed(self, job_id: str, error: str, *, final: bool, retry_at: float | None = None,
+                    notify: bool = False) -> None:
+        """A tree listing failed: fail the job for good (`final`), or queue it again (the
+        in-process queue runs it at `retry_at`; procrastinate keeps its own retry time)."""
         values: dict[str, Any] = {"attempts": hub_jobs.c.attempts + 1, "error": error[:2000],
                                   "updated_at": _now(), "lease_owner": None, "lease_until": None}
-        if retry_at is None:
+        if final:
             values.update(state="failed", verdict="invalid", notify_state="pending" if notify else None)
         else:
             values.update(state="queued", next_attempt_at=retry_at)
@@ -228,17 +253,29 @@ class HubDb:
 
     def finish(self, job_id: str, *, notify: bool) -> str:
         """Close the job from its files: failed if any file failed; the worst verdict."""
-        files = self.files(job_id)
-        failed = [f for f in files if f.state == "failed"]
-        judged = [f.verdict for f in files if f.state == "done"] + [None for _ in failed]
-        state = "failed" if failed else "done"
-        error = f"{len(failed)} file(s) could not be scanned" if failed else None
+        state = self.finish_if_complete(job_id, notify=notify, only_running=False)
+        assert state is not None
+        return state
+
+    def finish_if_complete(self, job_id: str, *, notify: bool, only_running: bool = True) -> str | None:
+        """Close a running job whose files are all finished; its state, or None when files are
+        pending or someone else closed it. Each file task ends with this: the conditional
+        UPDATE lets exactly one of two files finishing at once close the revision."""
         with self.engine.begin() as conn:
-            conn.execute(hub_jobs.update().where(hub_jobs.c.id == job_id).values(
+            files = list(conn.execute(sa.select(hub_files.c.state, hub_files.c.verdict).where(
+                hub_files.c.job_id == job_id)).all())
+            if any(f.state in PENDING for f in files):
+                return None
+            failed = [f for f in files if f.state == "failed"]
+            judged = [f.verdict for f in files if f.state == "done"] + [None for _ in failed]
+            state = "failed" if failed else "done"
+            error = f"{len(failed)} file(s) could not be scanned" if failed else None
+            where = [hub_jobs.c.id == job_id] + ([hub_jobs.c.state == "running"] if only_running else [])
+            done = conn.execute(hub_jobs.update().where(*where).values(
                 state=state, verdict=worst(judged) or "safe", error=error,
                 lease_owner=None, lease_until=None, updated_at=_now(),
                 notify_state="pending" if notify else None))
-        return state
+        return state if done.rowcount == 1 else None
 
     def notified(self, job_id: str, error: str | None) -> None:
         with self.engine.begin() as conn:
@@ -255,6 +292,18 @@ class HubDb:
     def pending(self, job_id: str) -> list[Any]:
         """Files still to scan (a `running` row is left over from a process that died)."""
         return [f for f in self.files(job_id) if f.state in ("queued", "running")]
+
+    def file(self, file_id: int) -> Any:
+        with self.engine.connect() as conn:
+            return conn.execute(sa.select(hub_files).where(hub_files.c.id == file_id)).first()
+
+    def known_refs(self) -> list[tuple[str, str, str]]:
+        """(repo type, repo, ref) of every branch a delivery named: what `reconcile` polls."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(sa.select(hub_deliveries.c.repo_type, hub_deliveries.c.repo,
+                                          hub_deliveries.c.ref).distinct().where(
+                hub_deliveries.c.ref.like("refs/heads/%"))).all()
+        return [(r.repo_type, r.repo, r.ref) for r in rows]
 
     def file_state(self, file_id: int, **values: Any) -> None:
         values["updated_at"] = _now()

@@ -1,28 +1,29 @@
-"""Durable hub jobs: the queue seam, the in-process queue, and the runner of one job.
+"""Durable hub jobs: the runner of one revision and of one file.
 
-Strategy: the database is the source of truth (app/hub/db.py); the queue only carries
-job ids, so losing it loses nothing. `JobQueue` is the seam: `InProcessQueue` runs jobs
-on asyncio tasks in this process; a distributed task queue (Celery, arq, RQ...) can
-replace it by delivering the same ids to `HubRunner.run` on its workers. A sweeper
-re-reads the table at start and every `lease/2` seconds, so work survives restarts:
-queued jobs whose retry time has come and running jobs whose lease expired (their
-process died) are picked up again; finished files are never scanned twice.
-Per file: a stored report with the same LFS sha256 is reused; otherwise the file is
-sniffed (head + tail, in a thread) and, if it can hold pickles or tensors, scanned over
-Range requests in the sandboxed worker pool (`Jobs.scan_url`, like POST /scan/url).
-Failures retry with exponential backoff (`hub_retry_backoff_seconds * 2**n`) and end
-as `failed` with the error recorded after `hub_scan_attempts` tries.
+Strategy: the database is the source of truth (app/hub/db.py); a queue (app/jobqueue.py)
+only carries job ids, so losing it loses nothing. Two ways to run a revision:
+- in-process (SQLite): `run(job_id)` claims the revision with a lease renewed while it works
+  (a replica or worker sharing the database never runs it at once) and scans its files
+  `hub_concurrency` at a time; a failed file waits `hub_retry_backoff_seconds * 2**n` (its
+  retry time in the row) and ends `failed` after `hub_scan_attempts` tries.
+- as procrastinate tasks (PostgreSQL, app/hub/tasks.py): `list_revision` lists the tree and
+  returns the files to queue as tasks of their own, `judge_file` scans one file and raises
+  `RetryLater` for procrastinate to retry it with the same backoff; the last file to finish
+  closes the revision (`HubDb.finish_if_complete`).
+Per file: a stored report with the same LFS sha256 is reused; otherwise the file is sniffed
+(head + tail, in a thread) and, if it can hold pickles or tensors, scanned over Range
+requests in the sandboxed worker pool (`Jobs.scan_url`, like POST /scan/url). Finished files
+are never scanned twice.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
+from typing import Any
 
 from ckptguard.app.hub.client import (
     MIN_SCAN_BYTES,
@@ -33,6 +34,7 @@ from ckptguard.app.hub.client import (
     sniff_remote,
 )
 from ckptguard.app.hub.db import HubDb
+from ckptguard.app.jobqueue import InProcessQueue, JobQueue
 from ckptguard.app.metrics import Metrics
 from ckptguard.app.notify import notify
 from ckptguard.app.settings import Settings
@@ -45,85 +47,17 @@ from ckptguard.core.state import ScanOptions
 
 log = logging.getLogger("ckptguard.hub")
 
-Handler = Callable[[str], Awaitable[None]]
 SANDBOX_CODES = frozenset({Code.TIMEOUT.value, Code.RESOURCE_LIMIT.value, Code.WORKER_CRASHED.value,
                            Code.INTERNAL_ERROR.value})
 ScanFn = Callable[..., FileScan]
 
 
-class JobQueue(Protocol):
-    """Carries job ids to whoever runs them. At-least-once: `HubRunner.run` is idempotent."""
+class RetryLater(Exception):
+    """A try failed and another is due in `delay_s` (procrastinate schedules it)."""
 
-    async def start(self) -> None: ...
-    async def enqueue(self, job_id: str, *, not_before: float = 0.0) -> None: ...
-    async def close(self) -> None: ...
-
-
-class InProcessQueue:
-    """asyncio tasks in this process, plus a sweeper that re-reads the job table."""
-
-    def __init__(self, handler: Handler, sweep: Callable[[], Awaitable[list[tuple[str, float]]]], *,
-                 workers: int = 1, sweep_every_s: float = 30.0) -> None:
-        self._handler = handler
-        self._sweep = sweep
-        self._workers = workers
-        self._sweep_every = sweep_every_s
-        self._queue: asyncio.Queue[str] = asyncio.Queue()
-        self._queued: set[str] = set()
-        self._tasks: list[asyncio.Task[None]] = []
-        self._timers: dict[str, asyncio.TimerHandle] = {}
-
-    async def start(self) -> None:
-        self._tasks = [asyncio.create_task(self._work(), name=f"hub-job-{i}") for i in range(self._workers)]
-        self._tasks.append(asyncio.create_task(self._sweeper(), name="hub-sweeper"))
-
-    async def enqueue(self, job_id: str, *, not_before: float = 0.0) -> None:
-        delay = not_before - time.time()
-        if delay > 0:
-            if job_id not in self._timers:  # the sweeper re-announces delayed jobs: one timer each
-                self._timers[job_id] = asyncio.get_running_loop().call_later(delay, self._fire, job_id)
-            return
-        self._put(job_id)
-
-    def _fire(self, job_id: str) -> None:
-        self._timers.pop(job_id, None)
-        self._put(job_id)
-
-    def _put(self, job_id: str) -> None:
-        if job_id not in self._queued:
-            self._queued.add(job_id)
-            self._queue.put_nowait(job_id)
-
-    async def _work(self) -> None:
-        while True:
-            job_id = await self._queue.get()
-            self._queued.discard(job_id)
-            try:
-                await self._handler(job_id)
-            except asyncio.CancelledError:
-                raise
-            except Exception:  # a bug must not stop the queue; the lease brings the job back
-                log.exception("hub job %s crashed", job_id)
-
-    async def _sweeper(self) -> None:
-        while True:
-            try:
-                for job_id, when in await self._sweep():
-                    await self.enqueue(job_id, not_before=when)
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("hub sweep failed")
-            await asyncio.sleep(self._sweep_every)
-
-    async def close(self) -> None:
-        for handle in self._timers.values():
-            handle.cancel()
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+    def __init__(self, delay_s: float, error: str) -> None:
+        super().__init__(error)
+        self.delay_s = delay_s
 
 
 class HubRunner:
@@ -148,20 +82,20 @@ class HubRunner:
         self.owner = uuid.uuid4().hex
         self._notifying: set[str] = set()
         self._tasks: set[asyncio.Task[None]] = set()
-        self.queue: JobQueue = InProcessQueue(self.run, self._sweep, workers=2,
-                                              sweep_every_s=max(0.5, settings.hub_lease_seconds / 2))
-
-    async def start(self) -> None:
-        await self.queue.start()
+        self.queue: JobQueue | None = None   # set by app/tier.py: where retries are queued
+        # how a closed revision's notification goes out: sent from here (in-process), or
+        # queued as a task of its own (app/hub/tasks.py)
+        self.announce: Callable[[str], Awaitable[None]] = self._notify
 
     async def close(self) -> None:
-        await self.queue.close()
         for task in list(self._tasks):
             task.cancel()
         await asyncio.to_thread(self.db.release, self.owner)
         await asyncio.to_thread(self.client.close)
 
-    async def _sweep(self) -> list[tuple[str, float]]:
+    async def sweep(self) -> list[tuple[str, float]]:
+        """The in-process queue's sweep: revisions to run (id, not before); finished
+        revisions whose notification was never sent get it now."""
         for job_id in await asyncio.to_thread(self.db.unnotified):
             task = asyncio.create_task(self._notify(job_id))
             self._tasks.add(task)
@@ -219,38 +153,85 @@ class HubRunner:
                 continue
             await asyncio.gather(*(one(f) for f in ready))
         state = await asyncio.to_thread(self.db.finish, job_id, notify=bool(self.settings.notify_url))
+        await self._closed(job, state)
+
+    async def _closed(self, job: Any, state: str) -> None:
+        """A revision just ended `state` (this runner closed it): count, log, announce."""
         if self.metrics is not None:
-            self.metrics.hub_revisions.labels(state=str(state)).inc()
-        log.info("hub revision %s", state, extra={"event": "hub_job", "job": job_id, "repo": job.repo,
+            self.metrics.hub_revisions.labels(state=state).inc()
+        log.info("hub revision %s", state, extra={"event": "hub_job", "job": job.id, "repo": job.repo,
                                                   "revision": job.revision, "state": state})
         if self.settings.notify_url:
+            await self.announce(job.id)
+
+    # --- as procrastinate tasks (app/hub/tasks.py) ----------------------------------------
+
+    async def list_revision(self, job_id: str) -> list[int] | None:
+        """Take the revision and list its tree (once); the ids of its files still to judge,
+        or None when there is nothing to do (cancelled, finished, or its listing failed).
+        Raises RetryLater when the listing failed and another try is due."""
+        if not await asyncio.to_thread(self.db.begin, job_id):
+            return None
+        job = await asyncio.to_thread(self.db.job, job_id)
+        if not job.listed and not await self._list(job, distributed=True):
+            return None
+        pending = [f.id for f in await asyncio.to_thread(self.db.pending, job_id)]
+        if not pending:
+            await self.close_if_complete(job_id)
+        return pending
+
+    async def judge_file(self, file_id: int) -> str | None:
+        """Judge one file unless it is finished; its revision's id (None: no such file).
+        Raises RetryLater when the try failed and another is due."""
+        row = await asyncio.to_thread(self.db.file, file_id)
+        if row is None:
+            return None
+        if row.state in ("queued", "running"):
+            job = await asyncio.to_thread(self.db.job, row.job_id)
+            await self._scan_file(job, row, distributed=True)
+        return str(row.job_id)
+
+    async def close_if_complete(self, job_id: str) -> None:
+        """After a file: the revision ends when its last file did (one closer wins)."""
+        state = await asyncio.to_thread(self.db.finish_if_complete, job_id,
+                                        notify=bool(self.settings.notify_url))
+        if state is not None:
+            await self._closed(await asyncio.to_thread(self.db.job, job_id), state)
+
+    async def send_notification(self, job_id: str) -> None:
+        """The notify task's body: send the revision's summary unless it was sent."""
+        job = await asyncio.to_thread(self.db.job, job_id)
+        if job is not None and job.notify_state == "pending":
             await self._notify(job_id)
 
-    async def _list(self, job: Any) -> bool:
+    # --- shared by both ------------------------------------------------------------------
+
+    async def _list(self, job: Any, *, distributed: bool = False) -> bool:
         try:
             files = await asyncio.to_thread(self.client.list_tree, job.repo_type, job.repo, job.revision)
         except Exception as exc:
             attempts = job.attempts + 1
             last = attempts >= self.settings.hub_scan_attempts
-            retry_at = None if last else time.time() + self._backoff(attempts)
-            notify = bool(self.settings.notify_url)
-            await asyncio.to_thread(self.db.list_failed, job.id, _describe(exc), retry_at=retry_at,
-                                    notify=notify)
-            if retry_at is None and self.metrics is not None:
-                self.metrics.hub_revisions.labels(state="failed").inc()
-            if retry_at is not None:
-                await self.queue.enqueue(job.id, not_before=retry_at)
-            elif notify:
-                await self._notify(job.id)
+            delay = self._backoff(attempts)
+            # procrastinate keeps its own retry time; the in-process queue keeps it in the row
+            retry_at = None if last or distributed else time.time() + delay
+            await asyncio.to_thread(self.db.list_failed, job.id, _describe(exc), final=last,
+                                    retry_at=retry_at, notify=bool(self.settings.notify_url))
             log.warning("hub tree listing failed", extra={"event": "hub_list_failed", "job": job.id,
                                                           "error": _describe(exc), "final": last})
+            if last:
+                await self._closed(job, "failed")
+            elif distributed:
+                raise RetryLater(delay, _describe(exc)) from exc
+            elif isinstance(self.queue, InProcessQueue):
+                await self.queue.enqueue(f"revision:{job.id}", not_before=time.time() + delay)
             return False
         await asyncio.to_thread(self.db.add_files, job.id, files, MIN_SCAN_BYTES)
         for _ in range(sum(1 for f in files if f.size < MIN_SCAN_BYTES)):
             self._count_file("skipped")   # too small to hold a checkpoint: never fetched
         return True
 
-    async def _scan_file(self, job: Any, row: Any) -> None:
+    async def _scan_file(self, job: Any, row: Any, *, distributed: bool = False) -> None:
         await asyncio.to_thread(self.db.file_state, row.id, state="running")
         try:
             if row.lfs_sha256 and (hit := await asyncio.to_thread(
@@ -263,7 +244,7 @@ class HubRunner:
             url = self.client.resolve_url(job.repo_type, job.repo, job.revision, row.path)
             result = await self._scan_url(url, row)
         except Exception as exc:
-            await self._file_failed(row, exc)
+            await self._file_failed(row, exc, distributed=distributed)
             return
         if result.report is None:
             await asyncio.to_thread(self.db.file_state, row.id, state="skipped", container=result.container,
@@ -309,18 +290,22 @@ class HubRunner:
         source.update(kind="hub", name=row.path, sha256=row.lfs_sha256)
         return FileScan(sniffed.container, report, sniffed.detail)
 
-    async def _file_failed(self, row: Any, exc: BaseException) -> None:
+    async def _file_failed(self, row: Any, exc: BaseException, *, distributed: bool) -> None:
         attempts = row.attempts + 1
         error = _describe(exc)
+        log.warning("hub file scan failed", extra={"event": "hub_file_failed", "path": row.path,
+                                                   "attempt": attempts, "error": error})
         if attempts >= self.settings.hub_scan_attempts:
             await asyncio.to_thread(self.db.file_state, row.id, state="failed", attempts=attempts,
                                     error=error[:2000], next_attempt_at=None)
             self._count_file("failed")
-        else:
-            await asyncio.to_thread(self.db.file_state, row.id, state="queued", attempts=attempts,
-                                    error=error[:2000], next_attempt_at=time.time() + self._backoff(attempts))
-        log.warning("hub file scan failed", extra={"event": "hub_file_failed", "path": row.path,
-                                                   "attempt": attempts, "error": error})
+            return
+        delay = self._backoff(attempts)
+        await asyncio.to_thread(self.db.file_state, row.id, state="queued", attempts=attempts,
+                                error=error[:2000],
+                                next_attempt_at=None if distributed else time.time() + delay)
+        if distributed:
+            raise RetryLater(delay, error) from exc
 
     async def _notify(self, job_id: str) -> None:
         url = self.settings.notify_url

@@ -6,13 +6,13 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import context
 
-from ckptguard.app.tables import metadata
+from ckptguard.app.tables import metadata, ours
 
 config = context.config
 
 
 def _run(connection: sa.Connection) -> None:
-    context.configure(connection=connection, target_metadata=metadata,
+    context.configure(connection=connection, target_metadata=metadata, include_name=ours,
                       render_as_batch=connection.dialect.name == "sqlite")
     with context.begin_transaction():
         context.run_migrations()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 from fastapi import APIRouter, Response
@@ -13,6 +14,7 @@ from ckptguard.core import __version__
 from ckptguard.core.report import POLICY
 
 router = APIRouter(tags=["health"])
+log = logging.getLogger("ckptguard.health")
 
 
 @router.get("/healthz")
@@ -30,4 +32,8 @@ async def healthz(store: StoreDep, jobs: JobsDep) -> dict[str, Any]:
 async def metrics(m: MetricsDep) -> Response:
     from ckptguard.app.metrics import CONTENT_TYPE
 
+    try:
+        await m.refresh()
+    except Exception:   # the database away: the process's own figures still answer
+        log.exception("the job tier's figures could not be read")
     return Response(m.render(), media_type=CONTENT_TYPE)

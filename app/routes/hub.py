@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, cast
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse
@@ -25,6 +25,7 @@ from ckptguard.app.hub.webhook import (
     summary,
     valid_repo,
 )
+from ckptguard.app.jobqueue import PRIORITY_PUSH, PRIORITY_RESCAN, JobQueue
 from ckptguard.app.problems import AppError
 from ckptguard.core.errors import SourceError
 
@@ -38,10 +39,17 @@ def _runner(request: Request) -> HubRunner:
     return runner
 
 
-async def _queue_new(runner: HubRunner, accepted: list[dict[str, Any]]) -> None:
+def _queue(request: Request) -> JobQueue:
+    queue = getattr(request.app.state, "queue", None)
+    if queue is None:
+        raise AppError("UNAVAILABLE", 503, "the job queue is not running")
+    return cast(JobQueue, queue)
+
+
+async def _queue_new(request: Request, accepted: list[dict[str, Any]]) -> None:
     for item in accepted:
         if item["new_job"]:
-            await runner.queue.enqueue(item["job_id"])
+            await _queue(request).enqueue_revision(item["job_id"], priority=PRIORITY_PUSH)
 
 
 @router.post("/webhooks/huggingface", status_code=202)
@@ -65,7 +73,7 @@ async def webhook(request: Request, secret: Annotated[str | None, Query(max_leng
         return JSONResponse({"status": "ignored", "reason": ignored}, status_code=200)
     runner = _runner(request)
     accepted = await asyncio.to_thread(accept, runner.db, targets)
-    await _queue_new(runner, accepted)
+    await _queue_new(request, accepted)
     count("queued" if any(item["new_job"] for item in accepted) else "duplicate")
     return JSONResponse({"status": "queued", "revisions": accepted}, status_code=202)
 
@@ -94,7 +102,7 @@ async def revisions(
     request: Request,
     limit: Annotated[int, Query(ge=1, le=MAX_REVISION_PAGE)] = 20,
     cursor: Annotated[str | None, Query(max_length=200)] = None,
-    state: Literal["queued", "running", "done", "failed"] | None = None,
+    state: Literal["queued", "running", "done", "failed", "cancelled"] | None = None,
 ) -> JSONResponse:
     """Revisions the hub's webhook queued, newest first, each with its files' states
     (the first 200 files by path, and `file_states`: how many files are in each state)."""
@@ -133,8 +141,24 @@ async def rescan(repo_type: str, repo: str, sha: str, request: Request) -> JSONR
         raise AppError("REVISION_NOT_FOUND", 404, "no scan job for this revision")
     if not await asyncio.to_thread(runner.db.reset, job.id):
         raise AppError("REVISION_BUSY", 409, f"the revision is {job.state}: it is being scanned")
-    await runner.queue.enqueue(job.id)
+    await _queue(request).enqueue_revision(job.id, priority=PRIORITY_RESCAN)
     return JSONResponse({"status": "queued", "job_id": job.id}, status_code=202)
+
+
+@router.post("/hub/{repo_type}/{repo:path}/revisions/{sha}/cancel", dependencies=[AuthDep])
+async def cancel(repo_type: str, repo: str, sha: str, request: Request) -> JSONResponse:
+    """Call off a revision (a rescan, a backfill) that no worker has started: it ends
+    `cancelled` (a rescan may queue it again). 409 once it runs or has finished."""
+    runner = _runner(request)
+    job = await asyncio.to_thread(runner.db.find_job, repo_type_of(repo_type), _repo(repo),
+                                  sha.lower())
+    if job is None:
+        raise AppError("REVISION_NOT_FOUND", 404, "no scan job for this revision")
+    if not await asyncio.to_thread(runner.db.cancel, job.id):
+        raise AppError("REVISION_BUSY", 409, f"the revision is {job.state}: only a queued one can be "
+                       "cancelled")
+    await _queue(request).cancel_revision(job.id)
+    return JSONResponse({"status": "cancelled", "job_id": job.id})
 
 
 @router.post("/hub/{repo_type}/{repo:path}/reconcile", status_code=202, dependencies=[AuthDep])
@@ -154,6 +178,6 @@ async def reconcile(repo_type: str, repo: str, request: Request,
         raise AppError(str(exc.code), 502, exc.message) from exc
     ref = revision if revision.startswith("refs/") else f"refs/heads/{revision}"
     accepted = await asyncio.to_thread(accept, runner.db, [Target(kind, repo, ref, sha)])
-    await _queue_new(runner, accepted)
+    await _queue_new(request, accepted)
     return JSONResponse({"status": "queued", "revisions": accepted}, status_code=202)
 

@@ -19,7 +19,8 @@ import contextlib
 import logging
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter, Query, Request, Response
+from fastapi import Path as PathParam
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
@@ -82,9 +83,13 @@ def _scan_sync(url: str, headers: dict[str, str] | None, guard: UrlGuard,
     return scan_url(url, headers=headers, guard=guard, options=options).to_json()
 
 
-@router.post("/scan/url", response_model=ScanReport)
-async def scan_url(body: ScanUrlRequest, request: Request) -> Response:
+@router.post("/scan/url", response_model=ScanReport,
+             responses={202: {"description": "`?async=true`: queued; poll `GET /scan/url/jobs/{job_id}`"}})
+async def scan_url(body: ScanUrlRequest, request: Request,
+                   run_async: Annotated[bool, Query(alias="async")] = False) -> Response:
     guard = _guard(request)
+    if run_async:
+        return await _queue_scan(body, request, guard)
     scans = getattr(request.app.state, "scans", None)
     # a URL scan waits on someone else's server: capped apart from uploads (app/admission.py)
     slot = (scans.admission.slot("url", caller_key(request)) if isinstance(scans, ScanService)
@@ -113,3 +118,34 @@ async def scan_url(body: ScanUrlRequest, request: Request) -> Response:
                         media_type="application/json")
     answer = await scans.keep(report)
     return record_report(scans.store, answer.record, answer.report)
+
+
+async def _queue_scan(body: ScanUrlRequest, request: Request, guard: UrlGuard) -> Response:
+    """`?async=true`: checked like a synchronous scan (a refused URL is refused now), then
+    queued for the job tier (app/urlscans.py) at interactive priority; 202 and the job's id."""
+    db = getattr(request.app.state, "url_scans", None)
+    queue = getattr(request.app.state, "queue", None)
+    if db is None or queue is None:
+        raise AppError("UNAVAILABLE", 503, "the job queue is not running")
+    try:
+        guard.check_url(body.url)
+        headers = check_request(body.url, body.headers) or None
+    except SourceError as exc:
+        raise _problem_for(exc) from exc
+    scan_id = await run_in_threadpool(db.create, body.url, headers)
+    await queue.enqueue_url_scan(scan_id)
+    return JSONResponse({"status": "queued", "job_id": scan_id, "poll": f"/scan/url/jobs/{scan_id}"},
+                        status_code=202)
+
+
+@router.get("/scan/url/jobs/{job_id}")
+async def url_scan_job(job_id: Annotated[str, PathParam(pattern=r"^[0-9a-f]{32}$")],
+                       request: Request) -> JSONResponse:
+    """An asynchronous URL scan: queued, running, done (with its report's id) or failed."""
+    from ckptguard.app.urlscans import document
+
+    db = getattr(request.app.state, "url_scans", None)
+    row = None if db is None else await run_in_threadpool(db.get, job_id)
+    if row is None:
+        raise AppError("URL_SCAN_NOT_FOUND", 404, "no asynchronous URL scan with this id")
+    return JSONResponse(document(row))

@@ -60,9 +60,9 @@ def test_retry_time_is_respected(store: Store) -> None:
     job = db.deliver("model", "a/b", "refs/heads/main", SHA).job_id
     assert db.claim(job, "A", 60)
     later = time.time() + 3600
-    db.list_failed(job, "SOURCE_HTTP: 502", retry_at=later)
+    db.list_failed(job, "SOURCE_HTTP: 502", final=False, retry_at=later)
     assert db.runnable() == [(job, later)] and not db.claim(job, "A", 60)
-    db.list_failed(job, "SOURCE_HTTP: 502", retry_at=None)
+    db.list_failed(job, "SOURCE_HTTP: 502", final=True)
     row = db.job(job)
     assert row.state == "failed" and row.attempts == 2 and row.verdict == "invalid"
 

@@ -15,7 +15,7 @@ from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
 
 from ckptguard.app.store import MIGRATIONS, Store, decode_cursor, encode_cursor, policy_key
-from ckptguard.app.tables import metadata
+from ckptguard.app.tables import metadata, ours
 from tests.components import missing
 
 PG_URL = os.environ.get("CKPTGUARD_TEST_POSTGRES_URL")
@@ -51,7 +51,7 @@ def test_migrations_match_the_tables(url: str) -> None:
     store = Store.open(url)
     try:
         with store.engine.connect() as conn:
-            diff = compare_metadata(MigrationContext.configure(conn), metadata)
+            diff = compare_metadata(MigrationContext.configure(conn, opts={"include_name": ours}), metadata)
             version = conn.execute(sa.text("SELECT version_num FROM alembic_version")).scalar()
         assert diff == []
         cfg = Config()
