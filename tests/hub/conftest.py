@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
@@ -13,6 +14,8 @@ from fastapi.testclient import TestClient
 
 from ckptguard.app.main import create_app
 from ckptguard.app.settings import Settings
+from tests.components import missing
+from tests.e2e.service_server import postgres_schema
 from tests.hub.checkpoints import REPO, REV_A, REV_B, revision_a, revision_b
 from tests.hub.fakehub import FakeHub
 
@@ -44,11 +47,33 @@ def hub_settings(hub: FakeHub, data_dir: Path, **overrides: Any) -> dict[str, An
             "hub_lease_seconds": 5.0, **overrides}
 
 
+PG_URL = os.environ.get("CKPTGUARD_TEST_POSTGRES_URL")
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def database(request: pytest.FixtureRequest) -> Iterator[dict[str, Any]]:
+    """The job tier's two implementations: SQLite (the in-process queue) and PostgreSQL
+    (procrastinate). A private schema per test keeps parallel runs (-n 2) apart; procrastinate's
+    NOTIFY channels are database-wide, but a worker only takes jobs from its own schema and
+    no test aborts a running job (the one notification that names a job by id)."""
+    if request.param == "sqlite":
+        yield {}
+        return
+    if not PG_URL:
+        missing("CKPTGUARD_TEST_POSTGRES_URL is not set (.ci/run starts PostgreSQL and sets it)")
+    with postgres_schema(PG_URL) as url:
+        yield {"database_url": url, "queue_heartbeat_seconds": 1.0, "queue_stalled_seconds": 3.0,
+               "queue_recover_seconds": 1.0, "worker_shutdown_seconds": 1.0}
+
+
 @pytest.fixture
-def make_client(tmp_path: Path, hub: FakeHub) -> Iterator[Callable[..., TestClient]]:
+def make_client(tmp_path: Path, hub: FakeHub,
+                database: dict[str, Any]) -> Iterator[Callable[..., TestClient]]:
+    """`make(run_jobs=False, **settings)`: an API-only node that queues jobs and runs none."""
     with ExitStack() as stack:
-        def make(**overrides: Any) -> TestClient:
-            app = create_app(Settings(**hub_settings(hub, tmp_path / "data", **overrides)))
+        def make(run_jobs: bool = True, **overrides: Any) -> TestClient:
+            settings = Settings(**hub_settings(hub, tmp_path / "data", **database, **overrides))
+            app = create_app(settings, run_jobs=run_jobs)
             return stack.enter_context(TestClient(app, raise_server_exceptions=False))
 
         yield make

@@ -50,8 +50,11 @@ def upgrade() -> None:
         return
     from procrastinate.schema import SchemaManager
 
-    # One multi-statement script without parameters (the driver passes it as it is).
-    bind.exec_driver_sql(SchemaManager.get_schema())
+    # One multi-statement script, on the driver's cursor without parameters: psycopg passes it
+    # as it is (through SQLAlchemy, its `%` would be read as placeholders).
+    cursor = bind.connection.dbapi_connection.cursor()   # type: ignore[union-attr]
+    cursor.execute(SchemaManager.get_schema())
+    cursor.close()
     bind.exec_driver_sql(
         "INSERT INTO procrastinate_jobs (queue_name, task_name, priority, lock, queueing_lock, args, "
         "scheduled_at) "
