@@ -1,0 +1,137 @@
+"""The job tier behind its seam (app/jobqueue.py), on both implementations: SQLite's in-process
+queue and procrastinate on PostgreSQL (the `database` fixture). API-only nodes, asynchronous
+URL scans, cancellation, the queue figures in /metrics; then what only procrastinate does
+(priorities, the periodic reconcile)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from fastapi.testclient import TestClient
+
+from tests.hub.checkpoints import EXPECTED_A, REPO, REV_A, REV_B
+from tests.hub.conftest import by_path, deliver, payload, wait_done
+from tests.hub.fakehub import FakeHub, blob_path
+
+MakeClient = Callable[..., TestClient]
+
+
+def _metric(client: TestClient, sample: str) -> float | None:
+    for line in client.get("/metrics").text.splitlines():
+        if line.startswith(sample + " "):
+            return float(line.split()[-1])
+    return None
+
+
+def _revision(client: TestClient, sha: str) -> dict[str, Any]:
+    doc: dict[str, Any] = client.get(f"/hub/model/{REPO}/revisions/{sha}").json()
+    return doc
+
+
+def test_api_only_queues_and_a_worker_runs(make_client: MakeClient) -> None:
+    api = make_client(run_jobs=False)
+    assert deliver(api, payload(REV_A)).status_code == 202
+    time.sleep(1.0)
+    assert _revision(api, REV_A)["state"] == "queued"               # nobody runs it here
+    assert _metric(api, 'ckptguard_jobs_queued{queue="hub"}') == 1
+    worker = make_client()                                          # a node that runs jobs
+    doc = wait_done(worker, REV_A)
+    assert {p: (f["state"], f["verdict"]) for p, f in by_path(doc).items()} == EXPECTED_A
+    assert _metric(api, 'ckptguard_jobs_queued{queue="hub"}') == 0
+    assert _metric(api, 'ckptguard_jobs_running{queue="hub"}') == 0
+
+
+def test_a_queued_rescan_can_be_cancelled(make_client: MakeClient) -> None:
+    node = make_client()
+    deliver(node, payload(REV_A))
+    wait_done(node, REV_A)
+    node.__exit__(None, None, None)
+    api = make_client(run_jobs=False)
+    base = f"/hub/model/{REPO}/revisions/{REV_A}"
+    assert api.post(f"{base}/rescan").status_code == 202
+    assert _revision(api, REV_A)["state"] == "queued"
+    r = api.post(f"{base}/cancel")
+    assert r.status_code == 200 and r.json()["status"] == "cancelled"
+    again = api.post(f"{base}/cancel")
+    assert again.status_code == 409 and again.json()["code"] == "REVISION_BUSY"
+    engine = api.app.state.store.engine   # type: ignore[attr-defined]
+    if engine.dialect.name == "postgresql":   # the waiting job left procrastinate's queue too
+        with engine.connect() as conn:
+            assert conn.execute(sa.text(
+                "SELECT status::text FROM procrastinate_jobs WHERE task_name = 'hub.revision' "
+                "ORDER BY id DESC LIMIT 1")).scalar() == "cancelled"
+    worker = make_client()
+    time.sleep(2.0)
+    assert _revision(worker, REV_A)["state"] == "cancelled"         # never run
+    assert worker.post(f"{base}/rescan").status_code == 202         # a cancelled one may go again
+    assert wait_done(worker, REV_A)["state"] == "done"
+    assert api.post(f"/hub/model/{REPO}/revisions/{'c3' * 20}/cancel").status_code == 404
+
+
+def test_async_url_scan(make_client: MakeClient, hub: FakeHub, files_a: dict[str, bytes]) -> None:
+    client = make_client()
+    url = hub.storage.url(blob_path(files_a["evil.pt"]))
+    r = client.post("/scan/url?async=true", json={"url": url, "headers": {"X-Note": "kept until the end"}})
+    assert r.status_code == 202, r.text
+    job_id = r.json()["job_id"]
+    assert r.json()["poll"] == f"/scan/url/jobs/{job_id}"
+    deadline = time.monotonic() + 60
+    while (doc := client.get(f"/scan/url/jobs/{job_id}").json())["state"] not in ("done", "failed"):
+        assert time.monotonic() < deadline, doc
+        time.sleep(0.1)
+    assert doc["state"] == "done" and doc["error"] is None
+    report = client.get(doc["report"]).json()
+    assert report["verdict"] == "unsafe" and report["source"]["url"] == url
+    engine = client.app.state.store.engine   # type: ignore[attr-defined]
+    with engine.connect() as conn:   # the upstream's credentials are not kept past the scan
+        assert conn.execute(sa.text("SELECT headers FROM url_scans")).scalar() is None
+    # refused at once, like a synchronous scan; an upstream that fails ends the job `failed`
+    refused = client.post("/scan/url?async=true", json={"url": "http://10.0.0.1/x.pt"})
+    assert refused.status_code == 403
+    gone = client.post("/scan/url?async=true", json={"url": hub.storage.url("/blobs/none")}).json()
+    while (doc := client.get(gone["poll"]).json())["state"] not in ("done", "failed"):
+        time.sleep(0.1)
+    assert doc["state"] == "failed" and doc["report_id"] is None and "SOURCE_HTTP" in doc["error"]
+    assert client.get(f"/scan/url/jobs/{'0' * 32}").status_code == 404
+
+
+def _only(database: dict[str, Any], what: str) -> None:
+    if "database_url" not in database:
+        pytest.skip(f"{what}: procrastinate's (PostgreSQL); the in-process queue runs in arrival order")
+
+
+def test_interactive_scans_and_rescans_run_before_backfills(
+        make_client: MakeClient, database: dict[str, Any], hub: FakeHub, files_a: dict[str, bytes]) -> None:
+    _only(database, "priorities")
+    from ckptguard.app.jobqueue import PRIORITY_BACKFILL
+
+    api = make_client(run_jobs=False)
+    accepted = deliver(api, payload(REV_A)).json()["revisions"]
+    queue = api.app.state.queue   # type: ignore[attr-defined]
+    engine = api.app.state.store.engine   # type: ignore[attr-defined]
+    with engine.begin() as conn:   # the delivery's revision becomes a backfill
+        conn.execute(sa.text("UPDATE procrastinate_jobs SET priority = :p"), {"p": PRIORITY_BACKFILL})
+    url = hub.storage.url(blob_path(files_a["evil.pt"]))
+    scan = api.post("/scan/url?async=true", json={"url": url}).json()
+    worker = make_client(worker_concurrency=1)
+    wait_done(worker, REV_A)
+    with engine.connect() as conn:
+        started = conn.execute(sa.text(
+            "SELECT j.task_name FROM procrastinate_events e JOIN procrastinate_jobs j ON j.id = e.job_id "
+            "WHERE e.type = 'started' AND j.task_name IN ('url.scan', 'hub.revision') "
+            "ORDER BY e.at, e.id")).scalars().all()
+    assert started[0] == "url.scan", started
+    assert accepted[0]["new_job"] and scan["job_id"] and queue is not None
+
+
+def test_periodic_reconcile_queues_a_missed_head(make_client: MakeClient, database: dict[str, Any]) -> None:
+    _only(database, "the periodic reconcile")
+    client = make_client(reconcile_cron="* * * * * */1")
+    deliver(client, payload(REV_A))            # main really points at REV_B: that delivery was lost
+    wait_done(client, REV_A)
+    doc = wait_done(client, REV_B)              # found by the periodic task, nobody asked
+    assert doc["state"] == "done" and doc["ref"] == "refs/heads/main"
