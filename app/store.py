@@ -107,6 +107,10 @@ def migrate(engine: sa.Engine) -> None:
     cfg = Config()
     cfg.set_main_option("script_location", str(MIGRATIONS))
     with engine.begin() as conn:
+        if conn.dialect.name == "postgresql":
+            # API nodes and workers starting together: one migrates, the others wait, then
+            # find the schema at head (the lock ends with the transaction)
+            conn.execute(sa.text("SELECT pg_advisory_xact_lock(7283364)"))
         cfg.attributes["connection"] = conn
         command.upgrade(cfg, "head")
 
