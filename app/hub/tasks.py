@@ -6,7 +6,7 @@ project's migrations (0004_jobs). The tasks:
 - `hub.revision(job_id)`: lists the tree once, then queues one `hub.file` task per file still
   to judge (a revision with nothing to judge closes at once). Queueing lock `revision:<id>`:
   a revision is never queued twice; lock `revision:<id>`: never run twice at once.
-- `hub.file(file_id)`: judges one file (lock `file:<id>`); the last file of a revision to
+- `hub.file(file_id)`: judges one file (lock `file:<id>`: never twice at once); the last file of a revision to
   finish closes it (`HubDb.finish_if_complete`, one closer wins) and queues `hub.notify`.
 - `hub.notify(job_id)`: posts the revision's summary (queueing lock: one pending send).
 - `url.scan(scan_id)`: an asynchronous URL scan (`POST /scan/url?async=true`).
@@ -94,7 +94,11 @@ def build_app(settings: Settings, runtime: Runtime) -> procrastinate.App:
     async def revision(context: JobContext, job_id: str) -> None:
         files = await runtime.hub.list_revision(job_id)
         for file_id in files or ():
-            await _defer_once(app, FILE_TASK, f"file:{file_id}", context.job.priority, file_id=file_id)
+            # a lock, no queueing lock: a revision listed again after its worker died may queue a
+            # file twice, and the second run finds it judged; a queueing lock would instead stop
+            # the recovery of a dead worker's job on that file from queueing it again
+            await app.configure_task(FILE_TASK, lock=f"file:{file_id}",
+                                     priority=context.job.priority).defer_async(file_id=file_id)
 
     @app.task(name=FILE_TASK, queue=HUB_QUEUE, retry=backoff)
     async def file(file_id: int) -> None:
@@ -141,10 +145,17 @@ async def recover_stalled(app: procrastinate.App, settings: Settings) -> int:
     """Queue again the jobs of workers whose heartbeat stopped; how many."""
     stalled = list(await app.job_manager.get_stalled_jobs(
         seconds_since_heartbeat=settings.queue_stalled_seconds))
+    recovered = []
     for job in stalled:
+        try:
+            await app.job_manager.retry_job(job)
+        except Exception:   # e.g. the same job waits already (queueing lock): the rest still go
+            log.exception("stalled job %s could not be queued again", job.id)
+            continue
+        recovered.append(job)
         log.warning("stalled job queued again", extra={"event": "job_recovered", "task": job.task_name,
                                                        "job": job.id, "queue": job.queue})
-        await app.job_manager.retry_job(job)
+    stalled = recovered
     if stalled:
         await app.connector.execute_query_async(
             "INSERT INTO job_recoveries (queue, task, recovered_at) "
