@@ -11,7 +11,8 @@ project's migrations (0004_jobs). The tasks:
 - `hub.notify(job_id)`: posts the revision's summary (queueing lock: one pending send).
 - `url.scan(scan_id)`: an asynchronous URL scan (`POST /scan/url?async=true`).
 - `jobs.recover` (periodic, every `queue_recover_seconds`): jobs of a worker whose heartbeat
-  stopped for `queue_stalled_seconds` (killed, lost its host) are queued again.
+  stopped for `queue_stalled_seconds` (killed, lost its host) are queued again, and so are
+  rows recorded `queued` that have no job (their API node died before it deferred one).
 - `hub.reconcile` (periodic, cron `reconcile_cron`): every branch a delivery named is asked
   for its head, and a commit not seen before is queued as a backfill.
 Retries: a failed try raises `RetryLater`; `Backoff` schedules the next one
@@ -122,6 +123,7 @@ def build_app(settings: Settings, runtime: Runtime) -> procrastinate.App:
     @app.task(name=RECOVER_TASK, queue=MAINTENANCE_QUEUE, queueing_lock=RECOVER_TASK)
     async def recover(timestamp: int) -> None:
         await recover_stalled(app, settings)
+        await requeue_orphans(ProcrastinateQueue(app, settings), settings)
 
     if settings.reconcile_cron:
         @app.periodic(cron=settings.reconcile_cron, periodic_id="reconcile")
@@ -162,6 +164,28 @@ async def recover_stalled(app: procrastinate.App, settings: Settings) -> int:
             "SELECT q, t, now() FROM unnest(%(queues)s::text[], %(tasks)s::text[]) AS u(q, t)",
             queues=[j.queue for j in stalled], tasks=[j.task_name for j in stalled])
     return len(stalled)
+
+
+async def requeue_orphans(queue: ProcrastinateQueue, settings: Settings) -> None:
+    """Rows queued but without a job: the node that recorded them died before it deferred the
+    job (killed mid-webhook, mid-request). Older than a recovery period, so a defer on its way
+    is not raced."""
+    rows = await queue.app.connector.execute_query_all_async(
+        "SELECT 'revision' AS kind, h.id FROM hub_jobs h WHERE h.state = 'queued' "
+        "AND h.updated_at < now() - make_interval(secs => %(age)s) AND NOT EXISTS ("
+        "SELECT 1 FROM procrastinate_jobs j WHERE j.queueing_lock = 'revision:' || h.id "
+        "AND j.status IN ('todo', 'doing')) "
+        "UNION ALL SELECT 'url', u.id FROM url_scans u WHERE u.state = 'queued' "
+        "AND u.updated_at < now() - make_interval(secs => %(age)s) AND NOT EXISTS ("
+        "SELECT 1 FROM procrastinate_jobs j WHERE j.queueing_lock = 'url:' || u.id "
+        "AND j.status IN ('todo', 'doing'))", age=float(settings.queue_stalled_seconds))
+    for row in rows:
+        log.warning("queued row without a job: queued again", extra={"event": "job_orphan",
+                                                                     "kind": row["kind"], "id": row["id"]})
+        if row["kind"] == "revision":
+            await queue.enqueue_revision(row["id"])
+        else:
+            await queue.enqueue_url_scan(row["id"])
 
 
 async def reconcile_all(hub: Any, queue: ProcrastinateQueue) -> None:

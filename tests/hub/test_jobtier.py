@@ -135,3 +135,15 @@ def test_periodic_reconcile_queues_a_missed_head(make_client: MakeClient, databa
     wait_done(client, REV_A)
     doc = wait_done(client, REV_B)              # found by the periodic task, nobody asked
     assert doc["state"] == "done" and doc["ref"] == "refs/heads/main"
+
+
+def test_a_revision_recorded_by_an_api_node_that_died_is_run(make_client: MakeClient) -> None:
+    """The API recorded the delivery, then died before it queued the job (kill -9 mid-webhook):
+    the hub's redelivery is a duplicate and queues nothing, yet the revision runs."""
+    api = make_client(run_jobs=False)
+    db = api.app.state.hub.db   # type: ignore[attr-defined]
+    db.deliver("model", REPO, "refs/heads/main", REV_A)             # recorded, never enqueued
+    again = deliver(api, payload(REV_A)).json()["revisions"][0]
+    assert again["duplicate"] and not again["new_job"]
+    worker = make_client()
+    assert wait_done(worker, REV_A)["state"] == "done"

@@ -60,7 +60,8 @@ def test_queued_revisions_move_over(url: str, tmp_path: Path) -> None:
                 "SELECT args->>'job_id' AS job, task_name, queue_name, queueing_lock, lock, "
                 "status::text AS status, scheduled_at FROM procrastinate_jobs ORDER BY job")).all()
             states = dict(conn.execute(sa.select(hub_jobs.c.id, hub_jobs.c.state)).all())
-            leases = conn.execute(sa.select(sa.func.count()).where(hub_jobs.c.lease_owner.isnot(None))).scalar()
+            leases = conn.execute(sa.select(sa.func.count())
+                                  .where(hub_jobs.c.lease_owner.isnot(None))).scalar()
         assert [m.job for m in moved] == ["q" * 32, "r" * 32]
         for m in moved:
             assert (m.task_name, m.queue_name, m.status) == ("hub.revision", "hub", "todo")
