@@ -172,3 +172,55 @@ def _all_notified(receiver: Receiver) -> list[str] | None:
 
     shas = [json.loads(body)["revision"] for body, _ in receiver.bodies]
     return shas if len(set(shas)) == REVISIONS else None
+
+
+def test_sigterm_hands_the_running_job_back(tmp_path: Path, database: dict[str, str]) -> None:
+    """`ckptguard worker` stopped with SIGTERM mid-file (past its shutdown grace): it exits
+    cleanly and the job goes back to the queue at once, for the next worker to finish."""
+    with ExitStack() as stack, FakeHub() as hub:
+        hub.add("model", REPO, sha_of(0), revision_files(0))
+        hub.storage.set_fault("stall", stall_seconds=4.0, times=1)   # the first read hangs
+        port = free_port()
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "CKPTGUARD_DATA_DIR": str(tmp_path / "data"),
+               "CKPTGUARD_HOST": "127.0.0.1", "CKPTGUARD_PORT": str(port), "CKPTGUARD_WORKERS": "1",
+               "CKPTGUARD_HUB_ENDPOINT": hub.url, "CKPTGUARD_WEBHOOK_SECRET": SECRET,
+               "CKPTGUARD_URL_ALLOWLIST": "127.0.0.1", "CKPTGUARD_WORKER_SHUTDOWN_SECONDS": "0.5",
+               **database}
+        logs = [tmp_path / "api.log", tmp_path / "worker-a.log", tmp_path / "worker-b.log"]
+        (tmp_path / "data").mkdir()
+        stack.enter_context(process(["serve", "--api-only"], env, logs[0]))
+        http = stack.enter_context(httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30))
+
+        def healthy() -> bool:
+            try:
+                return http.get("/healthz").status_code == 200
+            except httpx.TransportError:
+                return False
+
+        wait_for(healthy, "the API", 120, logs)
+        http.post("/webhooks/huggingface", json=payload(sha_of(0), repo=REPO),
+                  headers={"X-Webhook-Secret": SECRET})
+        worker = stack.enter_context(process(["worker"], env, logs[1]))
+        wait_for(lambda: hub.storage.log, "the first read", 120, logs)
+        stopped = time.monotonic()
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(30) == 0
+        assert time.monotonic() - stopped < 20           # it did not wait for the stalled read
+        doc = http.get(f"/hub/model/{REPO}/revisions/{sha_of(0)}").json()
+        assert doc["state"] in ("queued", "running")
+        url = database.get("CKPTGUARD_DATABASE_URL") or f"sqlite:///{tmp_path / 'data' / 'ckptguard.db'}"
+        engine = sa.create_engine(url)
+        stack.callback(engine.dispose)
+        with engine.connect() as conn:
+            if engine.dialect.name == "sqlite":           # released, not left to its lease
+                row = conn.execute(sa.text("SELECT state, lease_owner FROM hub_jobs")).one()
+                assert tuple(row) == ("queued", None)
+            else:                                         # procrastinate: back to todo, none doing
+                states = dict(conn.execute(sa.text(
+                    "SELECT status::text, count(*) FROM procrastinate_jobs "
+                    "WHERE queue_name = 'hub' GROUP BY status")).all())
+                assert "doing" not in states and states.get("todo", 0) >= 1, states
+        stack.enter_context(process(["worker"], env, logs[2]))
+        finished = wait_for(lambda: (d := http.get(f"/hub/model/{REPO}/revisions/{sha_of(0)}").json())
+                            ["state"] == "done" and d, "the revision", 120, logs)
+        assert all(f["state"] in ("done", "skipped") for f in finished["files"])
