@@ -152,6 +152,7 @@ def test_storage_failing_once_is_retried(make_client: MakeClient, hub: FakeHub,
     evil = by_path(wait_done(client, REV_A))["evil.pt"]
     assert evil["state"] == "done" and evil["verdict"] == "unsafe" and evil["attempts"] == 1
     assert evil["error"] is None
+    assert _metric(client, 'ckptguard_job_retries{queue="hub"}') == 1   # the job tier's count
 
 
 def test_persistent_failure_is_recorded(make_client: MakeClient, hub: FakeHub,
