@@ -103,7 +103,8 @@ ERRORS: dict[tuple[str, str], dict[int, list[str]]] = {
                             403: ["SOURCE_URL_REFUSED"], 413: ["PAYLOAD_TOO_LARGE", "LIMIT_*"],
                             422: ["VALIDATION_ERROR"],
                             502: ["SOURCE_HTTP", "SOURCE_CHANGED", "SOURCE_SHORT_READ"],
-                            503: ["SCAN_QUEUE_FULL", "URL_SCANS_BUSY", "KEY_BUSY"]},
+                            503: ["SCAN_QUEUE_FULL", "URL_SCANS_BUSY", "KEY_BUSY", "UNAVAILABLE"]},
+    ("get", "/scan/url/jobs/{job_id}"): {404: ["URL_SCAN_NOT_FOUND"], 422: ["VALIDATION_ERROR"]},
     ("get", "/scans/{scan_id}"): {404: ["SCAN_NOT_FOUND"], 422: ["VALIDATION_ERROR"]},
     ("delete", "/scans/{scan_id}"): {404: ["SCAN_NOT_FOUND"]},
     ("get", "/scans/{scan_id}/tensors"): {400: ["BAD_CURSOR"], 404: ["SCAN_NOT_FOUND"],
@@ -118,6 +119,9 @@ ERRORS: dict[tuple[str, str], dict[int, list[str]]] = {
     ("get", "/hub/{repo_type}/{repo}/revisions/{sha}"): {
         404: ["REVISION_NOT_FOUND", "BAD_REPO", "BAD_REPO_TYPE"], 503: ["UNAVAILABLE"]},
     ("post", "/hub/{repo_type}/{repo}/revisions/{sha}/rescan"): {
+        404: ["REVISION_NOT_FOUND", "BAD_REPO", "BAD_REPO_TYPE"], 409: ["REVISION_BUSY"],
+        503: ["UNAVAILABLE"]},
+    ("post", "/hub/{repo_type}/{repo}/revisions/{sha}/cancel"): {
         404: ["REVISION_NOT_FOUND", "BAD_REPO", "BAD_REPO_TYPE"], 409: ["REVISION_BUSY"],
         503: ["UNAVAILABLE"]},
     ("post", "/hub/{repo_type}/{repo}/reconcile"): {

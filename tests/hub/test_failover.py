@@ -157,9 +157,10 @@ def test_a_killed_worker_loses_nothing_and_duplicates_nothing(tmp_path: Path,
         assert len(set(report_ids)) == 2 * REVISIONS and sorted(stored) == sorted(report_ids)
         assert deliveries == REVISIONS and jobs == REVISIONS
         notified = wait_for(lambda: _all_notified(receiver), "the notifications", 60, logs)
-        # at least once: only a send in flight on the killed worker may be repeated
+        # at least once: only a send in flight on the killed worker may be repeated (or cut short:
+        # a body the kill truncated is no notification, and the receiver drops it)
         assert set(notified) == {sha_of(n) for n in range(REVISIONS)}
-        assert len(receiver.bodies) <= REVISIONS + 2
+        assert len(notified) <= REVISIONS + 2
         if "CKPTGUARD_DATABASE_URL" in database:   # procrastinate took the dead worker's jobs back
             metrics = http.get("/metrics").text
             recovered = [line for line in metrics.splitlines()
@@ -170,7 +171,12 @@ def test_a_killed_worker_loses_nothing_and_duplicates_nothing(tmp_path: Path,
 def _all_notified(receiver: Receiver) -> list[str] | None:
     import json
 
-    shas = [json.loads(body)["revision"] for body, _ in receiver.bodies]
+    shas = []
+    for body, _ in list(receiver.bodies):
+        try:
+            shas.append(json.loads(body)["revision"])
+        except ValueError:
+            continue
     return shas if len(set(shas)) == REVISIONS else None
 
 
