@@ -227,7 +227,7 @@ def work(settings: Settings | None = None) -> None:
 
 
 async def _work(settings: Settings) -> None:
-    from ckptguard.app.tier import open_tier, run_worker
+    from ckptguard.app.tier import open_tier, wait_for_stop
 
     metrics = Metrics()
     store = await asyncio.to_thread(Store.open, settings.resolved_database_url)
@@ -235,12 +235,12 @@ async def _work(settings: Settings) -> None:
     try:
         await jobs.start()
         tier = await open_tier(settings, ScanService(settings, store, jobs, metrics), metrics,
-                               run_jobs=True, in_background=False)
+                               run_jobs=True)
         log.info("worker started", extra={"event": "worker_start", "version": __version__,
                                           "distributed": settings.distributed,
                                           "workers": settings.workers})
         try:
-            await run_worker(tier, install_signal_handlers=True)
+            await wait_for_stop()
         finally:
             await tier.close()
     finally:

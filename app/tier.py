@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import logging
 from dataclasses import dataclass, field
+from typing import Any
 
 from ckptguard.app.hub.jobs import HubRunner
 from ckptguard.app.jobqueue import InProcessQueue, JobQueue, QueueStats
@@ -27,6 +28,7 @@ from ckptguard.app.urlscans import UrlScanDb, UrlScanRunner
 log = logging.getLogger("ckptguard.tier")
 
 IN_PROCESS_RUNNERS = 2   # revisions / URL scans run at once by the in-process queue
+RESTART_PAUSE_S = 2.0    # before procrastinate's worker is started again
 
 
 @dataclass
@@ -45,12 +47,12 @@ class Tier:
         await self.hub.close()
 
 
-async def open_tier(settings: Settings, scans: ScanService, metrics: Metrics, *, run_jobs: bool,
-                    in_background: bool = True) -> Tier:
-    """The queue (started) and the runners; with `run_jobs` this process runs jobs too (in the
-    background unless `in_background` is False: then `run_worker` runs them)."""
+async def open_tier(settings: Settings, scans: ScanService, metrics: Metrics, *, run_jobs: bool) -> Tier:
+    """The queue (started) and the runners; with `run_jobs` this process runs jobs too, in the
+    background, until `Tier.close`."""
     hub = HubRunner(settings, scans.store, jobs=scans.jobs, metrics=metrics)
     urls = UrlScanRunner(scans, UrlScanDb(scans.store.engine))
+    distributed: Any = None   # app.hub.tasks.ProcrastinateQueue (imported on PostgreSQL only)
     if settings.distributed:
         from ckptguard.app.hub.tasks import ProcrastinateQueue, Runtime, build_app
 
@@ -76,27 +78,35 @@ async def open_tier(settings: Settings, scans: ScanService, metrics: Metrics, *,
     hub.queue = queue
     await queue.start()
     tier = Tier(hub, urls, queue)
-    if run_jobs and in_background and settings.distributed:
-        tier._worker = asyncio.create_task(run_worker(tier, install_signal_handlers=False))
+    if run_jobs and distributed is not None:   # the in-process queue's runners started with it
+        tier._worker = asyncio.create_task(_supervise(distributed), name="job-worker")
     return tier
 
 
-async def run_worker(tier: Tier, *, install_signal_handlers: bool) -> None:
-    """Run jobs until stopped. PostgreSQL: procrastinate's worker (SIGTERM: finish the jobs
-    for `worker_shutdown_seconds`, then hand them back). SQLite: the in-process queue already
-    runs; wait for a stop signal."""
-    from ckptguard.app.hub.tasks import ProcrastinateQueue
+async def _supervise(queue: Any) -> None:
+    """procrastinate's worker, started again whenever it stops on its own: it stops when one of
+    its side tasks fails (the database restarted, a connection was cut). Only this process's
+    stop (cancelling this task: the jobs finish or go back) ends it."""
+    while True:
+        try:
+            await queue.run_worker()
+            log.warning("the job worker stopped; starting it again in %g s", RESTART_PAUSE_S)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("the job worker failed; starting it again in %g s", RESTART_PAUSE_S)
+        await asyncio.sleep(RESTART_PAUSE_S)
 
-    if isinstance(tier.queue, ProcrastinateQueue):
-        await tier.queue.run_worker(install_signal_handlers=install_signal_handlers)
-        return
+
+async def wait_for_stop() -> None:
+    """`ckptguard worker`'s main: the tier runs its jobs in the background; SIGTERM or SIGINT
+    returns, and `Tier.close` then lets the jobs finish or hands them back."""
+    import signal
+
     stop = asyncio.Event()
-    if install_signal_handlers:
-        import signal
-
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
     await stop.wait()
 
 

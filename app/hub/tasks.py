@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
+import os
 from typing import Any
 
 import procrastinate
@@ -50,6 +51,11 @@ def conninfo(database_url: str) -> str:
     """The libpq URI of a SQLAlchemy PostgreSQL URL (`postgresql+psycopg://...`)."""
     url = sa.engine.make_url(database_url).set(drivername="postgresql")
     return url.render_as_string(hide_password=False)
+
+
+def application_name() -> str:
+    """How this process's job-tier connections show in pg_stat_activity."""
+    return f"ckptguard-jobs-{os.getpid()}"
 
 
 class Backoff(BaseRetryStrategy):
@@ -86,7 +92,7 @@ class Runtime:
 def build_app(settings: Settings, runtime: Runtime) -> procrastinate.App:
     """The procrastinate app: the connector to the store's database and every task."""
     connector = procrastinate.PsycopgConnector(conninfo=conninfo(settings.resolved_database_url),
-                                               kwargs={"application_name": "ckptguard"},
+                                               kwargs={"application_name": application_name()},
                                                min_size=1, max_size=settings.worker_concurrency + 4)
     app = procrastinate.App(connector=connector)
     backoff = Backoff(settings.hub_scan_attempts, settings.hub_retry_backoff_seconds)
@@ -247,12 +253,13 @@ class ProcrastinateQueue:
         return [QueueStats(r["name"], int(r["queued"]), int(r["running"]), int(r["retries"]),
                            int(r["stalled"])) for r in rows]
 
-    async def run_worker(self, *, install_signal_handlers: bool) -> None:
-        """Run jobs until stopped (SIGTERM/SIGINT when `install_signal_handlers`)."""
+    async def run_worker(self) -> None:
+        """Run jobs until cancelled (then: finish them for `worker_shutdown_seconds`, hand the
+        rest back), or until procrastinate stops on its own (a side task failed)."""
         s = self.settings
         await self.app.run_worker_async(
             queues=list(QUEUES), concurrency=s.worker_concurrency, name="ckptguard-worker",
-            install_signal_handlers=install_signal_handlers,
+            install_signal_handlers=False,
             shutdown_graceful_timeout=s.worker_shutdown_seconds,
             update_heartbeat_interval=s.queue_heartbeat_seconds,
             stalled_worker_timeout=s.queue_stalled_seconds,

@@ -147,3 +147,55 @@ def test_a_revision_recorded_by_an_api_node_that_died_is_run(make_client: MakeCl
     assert again["duplicate"] and not again["new_job"]
     worker = make_client()
     assert wait_done(worker, REV_A)["state"] == "done"
+
+
+def test_cut_database_connections_leave_the_jobs_running(make_client: MakeClient,
+                                                       database: dict[str, Any]) -> None:
+    """What a worker sees of a PostgreSQL restart: every connection of its job tier cut. Its
+    worker starts again, and the next revision is judged."""
+    _only(database, "procrastinate's connections")
+    from ckptguard.app.hub.tasks import application_name
+
+    client = make_client()
+    deliver(client, payload(REV_A))
+    wait_done(client, REV_A)
+    engine = client.app.state.store.engine   # type: ignore[attr-defined]
+    with engine.begin() as conn:
+        cut = conn.execute(sa.text("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                                   "WHERE application_name = :name"), {"name": application_name()}).scalar()
+    assert cut and cut >= 1
+    deliver(client, payload(REV_B))
+    assert wait_done(client, REV_B, timeout=90)["state"] == "done"
+
+
+def test_the_job_worker_is_started_again_until_the_process_stops(monkeypatch: pytest.MonkeyPatch) -> None:
+    """procrastinate's worker returns when a side task failed, or raises: either way it runs
+    again; cancelling (the process stopping) ends it."""
+    import asyncio
+
+    from ckptguard.app import tier
+
+    monkeypatch.setattr(tier, "RESTART_PAUSE_S", 0.01)
+
+    class Flaky:
+        runs = 0
+
+        async def run_worker(self) -> None:
+            self.runs += 1
+            if self.runs == 1:
+                return                              # stopped on its own
+            if self.runs == 2:
+                raise OSError("connection lost")    # failed
+            await asyncio.Event().wait()            # runs until cancelled
+
+    async def scenario() -> int:
+        flaky = Flaky()
+        task = asyncio.create_task(tier._supervise(flaky))
+        while flaky.runs < 3:
+            await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return flaky.runs
+
+    assert asyncio.run(scenario()) == 3
