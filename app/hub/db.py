@@ -46,6 +46,11 @@ def _now() -> datetime:
     return datetime.now(UTC)
 
 
+def _notification_due(now: float) -> Any:
+    return sa.or_(hub_jobs.c.notify_state == "pending", sa.and_(
+        hub_jobs.c.notify_state == "sending", hub_jobs.c.lease_until < now))
+
+
 def worst(verdicts: list[str | None]) -> str | None:
     known = [v if v in VERDICT_RANK else "invalid" for v in verdicts]
     return max(known, key=VERDICT_RANK.__getitem__) if known else None
@@ -145,10 +150,27 @@ class HubDb:
         return [(r.id, float(r.next_attempt_at or 0.0) if r.state == "queued" else 0.0) for r in rows]
 
     def unnotified(self) -> list[str]:
+        """Finished revisions whose notification is due: pending, or claimed by a sender whose
+        claim ran out (it died mid-send)."""
         with self.engine.connect() as conn:
             rows = conn.execute(sa.select(hub_jobs.c.id).where(
-                hub_jobs.c.state.in_(FINISHED), hub_jobs.c.notify_state == "pending")).all()
+                hub_jobs.c.state.in_(FINISHED), _notification_due(time.time()))).all()
         return [r.id for r in rows]
+
+    def claim_notification(self, job_id: str, ttl_s: float) -> str:
+        """Take the sending of a revision's notification for `ttl_s` (the longest a send with all
+        its retries takes), so two processes never send it at once: "claimed", "busy" (another
+        sender holds it), or "done" (nothing to send). The claim lives in the finished job's
+        lease column, unused once the job ended; documents show a claimed send as pending."""
+        now = time.time()
+        with self.engine.begin() as conn:
+            done = conn.execute(hub_jobs.update().where(
+                hub_jobs.c.id == job_id, hub_jobs.c.state.in_(FINISHED), _notification_due(now)).values(
+                notify_state="sending", lease_until=now + ttl_s))
+            if done.rowcount == 1:
+                return "claimed"
+            state = conn.execute(sa.select(hub_jobs.c.notify_state).where(hub_jobs.c.id == job_id)).scalar()
+        return "busy" if state == "sending" else "done"
 
     # --- job rows -------------------------------------------------------------------
 
@@ -257,10 +279,13 @@ class HubDb:
         assert state is not None
         return state
 
-    def finish_if_complete(self, job_id: str, *, notify: bool, only_running: bool = True) -> str | None:
+    def finish_if_complete(self, job_id: str, *, notify: bool, only_running: bool = True,
+                           owner: str | None = None) -> str | None:
         """Close a running job whose files are all finished; its state, or None when files are
         pending or someone else closed it. Each file task ends with this: the conditional
-        UPDATE lets exactly one of two files finishing at once close the revision."""
+        UPDATE lets exactly one of two files finishing at once close the revision. With `owner`
+        (the in-process runner) only while it still holds the lease: a runner whose lease was
+        taken over must not close (and announce) the revision a second time."""
         with self.engine.begin() as conn:
             files = list(conn.execute(sa.select(hub_files.c.state, hub_files.c.verdict).where(
                 hub_files.c.job_id == job_id)).all())
@@ -271,6 +296,8 @@ class HubDb:
             state = "failed" if failed else "done"
             error = f"{len(failed)} file(s) could not be scanned" if failed else None
             where = [hub_jobs.c.id == job_id] + ([hub_jobs.c.state == "running"] if only_running else [])
+            if owner is not None:
+                where.append(hub_jobs.c.lease_owner == owner)
             done = conn.execute(hub_jobs.update().where(*where).values(
                 state=state, verdict=worst(judged) or "safe", error=error,
                 lease_owner=None, lease_until=None, updated_at=_now(),
@@ -280,7 +307,7 @@ class HubDb:
     def notified(self, job_id: str, error: str | None) -> None:
         with self.engine.begin() as conn:
             conn.execute(hub_jobs.update().where(hub_jobs.c.id == job_id).values(
-                notify_state="failed" if error else "sent", notify_error=error))
+                notify_state="failed" if error else "sent", notify_error=error, lease_until=None))
 
     # --- file rows ------------------------------------------------------------------
 

@@ -50,6 +50,7 @@ log = logging.getLogger("ckptguard.hub")
 SANDBOX_CODES = frozenset({Code.TIMEOUT.value, Code.RESOURCE_LIMIT.value, Code.WORKER_CRASHED.value,
                            Code.INTERNAL_ERROR.value})
 ScanFn = Callable[..., FileScan]
+NOTIFY_TIMEOUT_S = 10.0   # one notification attempt
 
 
 class RetryLater(Exception):
@@ -81,11 +82,11 @@ class HubRunner:
         self.policy = policy_key(POLICY, self.allow) + "+hub"
         self.owner = uuid.uuid4().hex
         self._notifying: set[str] = set()
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks: set[asyncio.Task[str]] = set()
         self.queue: JobQueue | None = None   # set by app/tier.py: where retries are queued
         # how a closed revision's notification goes out: sent from here (in-process), or
         # queued as a task of its own (app/hub/tasks.py)
-        self.announce: Callable[[str], Awaitable[None]] = self._notify
+        self.announce: Callable[[str], Awaitable[object]] = self._notify
 
     async def close(self) -> None:
         for task in list(self._tasks):
@@ -152,7 +153,11 @@ class HubRunner:
                 await asyncio.sleep(min(f.next_attempt_at for f in pending) - now)
                 continue
             await asyncio.gather(*(one(f) for f in ready))
-        state = await asyncio.to_thread(self.db.finish, job_id, notify=bool(self.settings.notify_url))
+        state = await asyncio.to_thread(self.db.finish_if_complete, job_id, owner=self.owner,
+                                        notify=bool(self.settings.notify_url))
+        if state is None:   # the lease was taken over meanwhile: the new holder closes it
+            log.warning("hub job %s: lease lost before closing", job_id)
+            return
         await self._closed(job, state)
 
     async def _closed(self, job: Any, state: str) -> None:
@@ -199,10 +204,10 @@ class HubRunner:
             await self._closed(await asyncio.to_thread(self.db.job, job_id), state)
 
     async def send_notification(self, job_id: str) -> None:
-        """The notify task's body: send the revision's summary unless it was sent."""
-        job = await asyncio.to_thread(self.db.job, job_id)
-        if job is not None and job.notify_state == "pending":
-            await self._notify(job_id)
+        """The notify task's body: send the revision's summary unless it was sent. Raises
+        RetryLater while another sender's claim runs (it may have died mid-send)."""
+        if await self._notify(job_id) == "busy":
+            raise RetryLater(self._notify_budget(), "another sender holds the notification")
 
     # --- shared by both ------------------------------------------------------------------
 
@@ -307,15 +312,27 @@ class HubRunner:
         if distributed:
             raise RetryLater(delay, error) from exc
 
-    async def _notify(self, job_id: str) -> None:
+    def _notify_budget(self) -> float:
+        """The longest one notification takes, all its retries included (its claim's term)."""
+        s = self.settings
+        return float((s.notify_retries + 1) * NOTIFY_TIMEOUT_S
+                     + s.hub_retry_backoff_seconds * 2 ** s.notify_retries)
+
+    async def _notify(self, job_id: str) -> str:
+        """Send the revision's summary if it is due and no one else sends it: "claimed" (sent
+        or failed for good), "busy" or "done" (HubDb.claim_notification)."""
         url = self.settings.notify_url
         if not url or job_id in self._notifying:
-            return
+            return "done"
+        claim = await asyncio.to_thread(self.db.claim_notification, job_id, self._notify_budget())
+        if claim != "claimed":
+            return claim
         self._notifying.add(job_id)
         try:
             await self._send(url, job_id)
         finally:
             self._notifying.discard(job_id)
+        return claim
 
     async def _send(self, url: str, job_id: str) -> None:
         from ckptguard.app.hub.webhook import summary  # the same document GET .../revisions/{sha} serves
@@ -325,7 +342,7 @@ class HubRunner:
             return
         error = await notify(url, doc, secret=self.settings.notify_secret,
                              retries=self.settings.notify_retries,
-                             backoff_s=self.settings.hub_retry_backoff_seconds)
+                             backoff_s=self.settings.hub_retry_backoff_seconds, timeout_s=NOTIFY_TIMEOUT_S)
         await asyncio.to_thread(self.db.notified, job_id, error)
 
 

@@ -128,7 +128,8 @@ def _job_doc(job: Any, files: list[Any]) -> dict[str, Any]:
         "job_id": job.id, "repo_type": job.repo_type, "repo": job.repo, "revision": job.revision,
         "ref": job.ref, "state": job.state, "verdict": job.verdict, "error": job.error,
         "created_at": job.created_at.isoformat(), "updated_at": job.updated_at.isoformat(),
-        "notification": job.notify_state,
+        # "sending" is a sender's claim (HubDb.claim_notification): still pending to a reader
+        "notification": "pending" if job.notify_state == "sending" else job.notify_state,
         "files": [{"path": f.path, "size": f.size, "lfs_sha256": f.lfs_sha256, "state": f.state,
                    "container": f.container, "verdict": f.verdict, "report_id": f.report_id,
                    "attempts": f.attempts, "error": f.error} for f in files],

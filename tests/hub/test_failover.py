@@ -48,7 +48,7 @@ def sha_of(n: int) -> str:
 @pytest.fixture(params=["sqlite", "postgresql"])
 def database(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[dict[str, str]]:
     if request.param == "sqlite":
-        yield {"CKPTGUARD_HUB_LEASE_SECONDS": "3"}
+        yield {"CKPTGUARD_HUB_LEASE_SECONDS": "8"}
         return
     if not PG_URL:
         missing("CKPTGUARD_TEST_POSTGRES_URL is not set (.ci/run starts PostgreSQL and sets it)")
@@ -96,7 +96,8 @@ def test_a_killed_worker_loses_nothing_and_duplicates_nothing(tmp_path: Path,
                "CKPTGUARD_HOST": "127.0.0.1", "CKPTGUARD_PORT": str(port), "CKPTGUARD_WORKERS": "1",
                "CKPTGUARD_WORKER_CONCURRENCY": "2", "CKPTGUARD_HUB_ENDPOINT": hub.url,
                "CKPTGUARD_WEBHOOK_SECRET": SECRET, "CKPTGUARD_URL_ALLOWLIST": "127.0.0.1",
-               "CKPTGUARD_NOTIFY_URL": receiver.url, "CKPTGUARD_HUB_RETRY_BACKOFF_SECONDS": "0.2",
+               "CKPTGUARD_NOTIFY_URL": receiver.url, "CKPTGUARD_NOTIFY_RETRIES": "1",
+               "CKPTGUARD_HUB_RETRY_BACKOFF_SECONDS": "0.2",
                "CKPTGUARD_QUEUE_HEARTBEAT_SECONDS": "1", "CKPTGUARD_QUEUE_STALLED_SECONDS": "3",
                "CKPTGUARD_QUEUE_RECOVER_SECONDS": "1", "CKPTGUARD_WORKER_SHUTDOWN_SECONDS": "5",
                **database}
@@ -160,7 +161,8 @@ def test_a_killed_worker_loses_nothing_and_duplicates_nothing(tmp_path: Path,
         # at least once: only a send in flight on the killed worker may be repeated (or cut short:
         # a body the kill truncated is no notification, and the receiver drops it)
         assert set(notified) == {sha_of(n) for n in range(REVISIONS)}
-        assert len(notified) <= REVISIONS + 2
+        repeated = sorted({s for s in notified if notified.count(s) > 1})
+        assert len(notified) <= REVISIONS + 2, repeated
         if "CKPTGUARD_DATABASE_URL" in database:   # procrastinate took the dead worker's jobs back
             metrics = http.get("/metrics").text
             recovered = [line for line in metrics.splitlines()
