@@ -101,12 +101,12 @@ def test_async_url_scan(make_client: MakeClient, hub: FakeHub, files_a: dict[str
 
 def _only(database: dict[str, Any], what: str) -> None:
     if "database_url" not in database:
-        pytest.skip(f"{what}: procrastinate's (PostgreSQL); the in-process queue runs in arrival order")
+        pytest.skip(f"{what}: procrastinate's (PostgreSQL), not the in-process queue's")
 
 
 def test_interactive_scans_and_rescans_run_before_backfills(
         make_client: MakeClient, database: dict[str, Any], hub: FakeHub, files_a: dict[str, bytes]) -> None:
-    _only(database, "priorities")
+    _only(database, "priorities (the in-process queue runs in arrival order)")
     from ckptguard.app.jobqueue import PRIORITY_BACKFILL
 
     api = make_client(run_jobs=False)
