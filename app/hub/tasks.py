@@ -265,3 +265,12 @@ class ProcrastinateQueue:
             stalled_worker_timeout=s.queue_stalled_seconds,
             fetch_job_polling_interval=2.0, abort_job_polling_interval=5.0)
 
+
+
+def __getattr__(name: str) -> procrastinate.App:
+    """`procrastinate --app=ckptguard.app.hub.tasks.admin_app shell` (list, cancel, retry
+    jobs; settings from CKPTGUARD_* variables): the app, built when procrastinate's command
+    line asks for it. Its tasks are registered to be named, never run from there."""
+    if name == "admin_app":
+        return build_app(Settings(), Runtime())
+    raise AttributeError(name)

@@ -199,3 +199,11 @@ def test_the_job_worker_is_started_again_until_the_process_stops(monkeypatch: py
         return flaky.runs
 
     assert asyncio.run(scenario()) == 3
+
+
+def test_procrastinate_admin_tools_load_the_app(monkeypatch: pytest.MonkeyPatch) -> None:
+    import procrastinate
+
+    monkeypatch.setenv("CKPTGUARD_DATABASE_URL", "postgresql+psycopg://u:p@127.0.0.1:1/db")
+    app = procrastinate.App.from_path("ckptguard.app.hub.tasks.admin_app")
+    assert {"hub.revision", "hub.file", "hub.notify", "url.scan", "jobs.recover"} <= set(app.tasks)
