@@ -67,14 +67,17 @@ class ScanService:
     async def lookup(self, sha256: str) -> Cached | None:
         return await asyncio.to_thread(self.store.find_cached, sha256, __version__, self.policy)
 
-    async def record(self, report: dict[str, Any], *, cacheable: bool) -> Record:
-        return await asyncio.to_thread(self.store.save, report, policy=self.policy, cacheable=cacheable)
+    async def record(self, report: dict[str, Any], *, cacheable: bool,
+                     record_id: str | None = None) -> Record:
+        return await asyncio.to_thread(self.store.save, report, policy=self.policy, cacheable=cacheable,
+                                       record_id=record_id)
 
-    async def keep(self, report: dict[str, Any]) -> Answer:
-        """Store a report made outside `scan_file` (a URL scan) with an id of its own. Never
-        reused from the cache: its bytes were not all read, so no sha256 names them."""
+    async def keep(self, report: dict[str, Any], *, record_id: str | None = None) -> Answer:
+        """Store a report made outside `scan_file` (a URL scan) with an id of its own (given:
+        a job's, see Store.save). Never reused from the cache: its bytes were not all read, so
+        no sha256 names them."""
         started = time.perf_counter()
-        stored = await self.record(report, cacheable=False)
+        stored = await self.record(report, cacheable=False, record_id=record_id)
         self._observe(stored, _codes(report), cached=False, started=started)
         return Answer(stored, report)
 

@@ -158,18 +158,26 @@ class Store:
         with self.engine.connect() as conn:
             conn.execute(sa.text("SELECT 1"))
 
-    def save(self, report: dict[str, Any], *, policy: str, cacheable: bool) -> Record:
+    def save(self, report: dict[str, Any], *, policy: str, cacheable: bool,
+             record_id: str | None = None) -> Record:
         """Store one fresh report (a `Report.to_json()` dict) as an analysis and this
-        request's record of it. Runs in a thread: encoding a 500,000-row manifest takes seconds."""
+        request's record of it. Runs in a thread: encoding a 500,000-row manifest takes seconds.
+
+        `record_id`: the id a job gave this report before it ran (a hub file's, an async URL
+        scan's). A job runs at least once: when a process died after saving and before its job
+        row said so, the retry finds that record and keeps it instead of storing a copy."""
         source = dict(report.get("source") or {})
         ready = compact.prepare(report)              # encoding and compression: before the lock
         now = datetime.now(UTC)
         with self._write_lock, self.engine.connect() as conn, self._save_cache(conn), conn.begin():
+            if record_id is not None and (kept := conn.execute(
+                    sa.select(scans).where(scans.c.id == record_id)).first()) is not None:
+                return _record(kept)
             analysis_id = compact.insert_analysis(conn, LAYOUT, ready, policy=policy,
                                                   cacheable=cacheable, now=now)
             return _insert_record(conn, analysis_id, source, cached=False, now=now,
                                   verdict=str(report.get("verdict", "invalid")),
-                                  fmt=str(report.get("format", "unknown")))
+                                  fmt=str(report.get("format", "unknown")), record_id=record_id)
 
     @contextmanager
     def _save_cache(self, conn: sa.Connection) -> Iterator[None]:
@@ -430,8 +438,9 @@ def _summary(row: Any) -> dict[str, Any]:
 
 
 def _insert_record(conn: sa.Connection, analysis_id: int, source: dict[str, Any], *,
-                   cached: bool, now: datetime, verdict: str, fmt: str) -> Record:
-    record = Record(id=uuid.uuid4().hex, created_at=now, cached=cached, source=source,
+                   cached: bool, now: datetime, verdict: str, fmt: str,
+                   record_id: str | None = None) -> Record:
+    record = Record(id=record_id or uuid.uuid4().hex, created_at=now, cached=cached, source=source,
                     analysis_id=analysis_id, verdict=verdict, format=fmt)
     conn.execute(scans.insert().values(
         id=record.id, created_at=now, analysis_id=analysis_id, cached=cached, source=source,

@@ -131,6 +131,9 @@ hub_files = sa.Table(
     sa.Column("attempts", sa.Integer, nullable=False),
     sa.Column("next_attempt_at", sa.Float, nullable=True),
     sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
+    # the id this file's report will be stored under, drawn when the row is made: a scan that
+    # runs again after its process died between storing and recording keeps the first report
+    sa.Column("report_key", sa.String(32), nullable=True),
     sa.UniqueConstraint("job_id", "path", name="uq_hub_files_path"),
     sa.Index("ix_hub_files_job", "job_id"),
 )

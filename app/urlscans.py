@@ -112,5 +112,5 @@ class UrlScanRunner:
             await asyncio.to_thread(self.db.finish, scan_id, report_id=None,
                                     error=f"{exc.code}: the upstream could not be read as a checkpoint")
             return
-        answer = await self.scans.keep(report)
+        answer = await self.scans.keep(report, record_id=scan_id)   # a retry keeps the first
         await asyncio.to_thread(self.db.finish, scan_id, report_id=answer.record.id, error=None)

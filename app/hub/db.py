@@ -264,6 +264,7 @@ class HubDb:
     def add_files(self, job_id: str, files: list[TreeFile], min_bytes: int) -> None:
         now = _now()
         rows = [{"job_id": job_id, "path": f.path, "size": f.size, "lfs_sha256": f.lfs_sha256,
+                 "report_key": uuid.uuid4().hex,
                  "state": "queued" if f.size >= min_bytes else "skipped",
                  "error": None if f.size >= min_bytes else f"{f.size} bytes: too small to hold a checkpoint",
                  "attempts": 0, "updated_at": now} for f in files]

@@ -260,7 +260,7 @@ class HubRunner:
         stopped = any(f.get("code") in SANDBOX_CODES for f in result.report.get("findings", []))
         cacheable = row.lfs_sha256 is not None and not stopped
         stored = await asyncio.to_thread(self.store.save, result.report, policy=self.policy,
-                                         cacheable=cacheable)
+                                         cacheable=cacheable, record_id=row.report_key)
         verdict = str(result.report.get("verdict"))
         if verdict == "invalid" and result.container == "pickle" and result.detail.startswith("no PROTO"):
             # Text whose first byte is also a protocol-0 opcode (`c`, `(`, `S`...): the scanner

@@ -207,3 +207,35 @@ def test_procrastinate_admin_tools_load_the_app(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setenv("CKPTGUARD_DATABASE_URL", "postgresql+psycopg://u:p@127.0.0.1:1/db")
     app = procrastinate.App.from_path("ckptguard.app.hub.tasks.admin_app")
     assert {"hub.revision", "hub.file", "hub.notify", "url.scan", "jobs.recover"} <= set(app.tasks)
+
+
+def test_a_report_stored_before_the_process_died_is_kept(make_client: MakeClient, hub: FakeHub,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A job runs at least once: a process that died after storing a file's report and before
+    recording it leaves the job to run again, and the rerun keeps that report (the id drawn
+    for the file row) instead of storing a second one. The file is a text pickle: no LFS
+    sha256, so no cache hit could hide a copy."""
+    import pickle
+
+    from ckptguard.app.hub.db import HubDb
+    from ckptguard.app.tables import scans
+
+    rev = "c3" * 20
+    hub.add("model", REPO, rev, {"config.pkl": pickle.dumps({"lr": 0.1, "name": "x" * 64}, protocol=0)})
+    record_done = HubDb.file_state
+    died: list[int] = []
+
+    def dies_once(self: HubDb, file_id: int, **values: Any) -> None:
+        if values.get("state") == "done" and not died:
+            died.append(file_id)
+            raise RuntimeError("the process died here, its report stored")
+        record_done(self, file_id, **values)
+
+    monkeypatch.setattr(HubDb, "file_state", dies_once)
+    client = make_client()
+    deliver(client, payload(rev))
+    f = by_path(wait_done(client, rev))["config.pkl"]
+    assert died and f["state"] == "done" and f["lfs_sha256"] is None
+    with client.app.state.hub.db.engine.connect() as conn:   # type: ignore[attr-defined]
+        ids = conn.execute(sa.select(scans.c.id).where(scans.c.source_name == "config.pkl")).scalars().all()
+    assert ids == [f["report_id"]]

@@ -84,6 +84,21 @@ def test_reports_survive_reopen_and_cache_key(url: str) -> None:
         store.close()
 
 
+def test_a_report_saved_again_under_its_job_id_is_kept_once(url: str) -> None:
+    """A job's rerun (its process died after saving) finds the record its id names."""
+    store = Store.open(url)
+    try:
+        key = uuid.uuid4().hex
+        first = store.save(report("ef" * 32, "unsafe"), policy="p", cacheable=False, record_id=key)
+        again = store.save(report("ef" * 32, "safe"), policy="p", cacheable=False, record_id=key)
+        assert first.id == again.id == key and again.verdict == "unsafe"   # the first stands
+        assert [s["id"] for s in store.list(sha256="ef" * 32).items] == [key]
+        other = store.save(report("ef" * 32), policy="p", cacheable=False)   # no job id: its own
+        assert other.id != key and len(store.list(sha256="ef" * 32).items) == 2
+    finally:
+        store.close()
+
+
 def test_pagination_is_stable(url: str) -> None:
     store = Store.open(url)
     try:

@@ -45,6 +45,7 @@ def upgrade() -> None:
         sa.Column("task", sa.String(64), nullable=False),
         sa.Column("recovered_at", sa.DateTime(timezone=True), nullable=False),
     )
+    op.add_column("hub_files", sa.Column("report_key", sa.String(32), nullable=True))
     bind = op.get_bind()
     if bind.dialect.name != "postgresql":
         return
@@ -78,6 +79,8 @@ def downgrade() -> None:
         for table in ("procrastinate_events", "procrastinate_periodic_defers", "procrastinate_jobs",
                       "procrastinate_workers"):
             bind.exec_driver_sql(f"DROP TABLE IF EXISTS {table} CASCADE")
+    with op.batch_alter_table("hub_files") as batch:   # SQLite rebuilds the table
+        batch.drop_column("report_key")
     op.drop_table("job_recoveries")
     op.drop_index("ix_url_scans_state", table_name="url_scans")
     op.drop_table("url_scans")
