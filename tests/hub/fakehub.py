@@ -42,6 +42,7 @@ class FakeHub:
     page_size: int = 3
     token: str | None = None
     log: list[HubRequest] = field(default_factory=list)
+    outage: int = 0   # the next this-many API requests are answered 503 (a hub that is down)
 
     def __post_init__(self) -> None:
         self.storage = RangeServer({})
@@ -145,6 +146,11 @@ def _handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
         def _serve(self, *, head: bool) -> None:
             with hub.lock:
                 hub.log.append(HubRequest(self.command, self.path, dict(self.headers)))
+                down = hub.outage > 0
+                hub.outage -= down
+            if down:
+                self._send(503, b'{"error":"unavailable"}', head=head)
+                return
             if hub.token is not None and self.headers.get("Authorization") != f"Bearer {hub.token}":
                 self._send(401, b'{"error":"unauthorized"}', head=head)
                 return

@@ -239,3 +239,25 @@ def test_a_report_stored_before_the_process_died_is_kept(make_client: MakeClient
     with client.app.state.hub.db.engine.connect() as conn:   # type: ignore[attr-defined]
         ids = conn.execute(sa.select(scans.c.id).where(scans.c.source_name == "config.pkl")).scalars().all()
     assert ids == [f["report_id"]]
+
+
+def test_a_hub_down_for_a_while_still_gets_every_file_judged_once(
+        make_client: MakeClient, hub: FakeHub) -> None:
+    """The hub's API and its storage answer 503 for a while: tries are retried with backoff,
+    every file of the revision ends judged, each with one report."""
+    from ckptguard.app.tables import scans
+
+    hub.outage = 2                                        # the tree listing: down, down, up
+    hub.storage.set_fault("status", times=4, status=503)  # the first four blob reads fail too
+    client = make_client(hub_scan_attempts=6)
+    deliver(client, payload(REV_A))
+    doc = wait_done(client, REV_A)
+    assert doc["state"] == "done"
+    files = by_path(doc)
+    assert {p: (f["state"], f["verdict"]) for p, f in files.items()} == EXPECTED_A
+    assert hub.outage <= 0 and hub.storage.fault_times == 0   # the outage really happened
+    judged = sorted(f["report_id"] for f in files.values() if f["report_id"] is not None)
+    with client.app.state.hub.db.engine.connect() as conn:   # type: ignore[attr-defined]
+        stored = sorted(conn.execute(sa.select(scans.c.id).where(
+            scans.c.source_kind == "hub")).scalars().all())
+    assert stored == judged                                   # one report per judged file
