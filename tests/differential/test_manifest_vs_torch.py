@@ -310,11 +310,20 @@ def test_many_tiny_tensors(tmp_path: Path, n: int) -> None:
     graph = zip_manifest(path)
     assert [(t.name, t.data_offset, t.nbytes) for t in graph.tensors] == [
         (t.name, t.data_offset, t.nbytes) for t in report.tensors]
-    loaded = torch.load(path, mmap=True)
     blob = path.read_bytes()
-    for t in report.tensors[:: max(1, n // 500)]:
-        assert t.data_offset is not None
-        assert blob[t.data_offset:t.data_offset + t.nbytes] == _raw(loaded[t.name]), t.name
+    sample = report.tensors[:: max(1, n // 500)]
+    if n <= 10_000:
+        loaded = torch.load(path, mmap=True)
+        want = {t.name: _raw(loaded[t.name]) for t in sample}
+    else:
+        # torch.load of 100,000 storages takes ~16 s: Python's zipfile, another real reader,
+        # gives each record's bytes (one storage per tensor, from its first byte)
+        records = {s.key: s.record for s in report.storages}
+        with zipfile.ZipFile(path) as zf:
+            want = {t.name: zf.read(str(records[t.storage]))[:t.nbytes] for t in sample}
+    for t in sample:
+        assert t.data_offset is not None and t.storage_offset == 0
+        assert blob[t.data_offset:t.data_offset + t.nbytes] == want[t.name], t.name
 
 
 @pytest.mark.slow
