@@ -6,7 +6,9 @@ URL scans, cancellation, the queue figures in /metrics; then what only procrasti
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -261,3 +263,53 @@ def test_a_hub_down_for_a_while_still_gets_every_file_judged_once(
         stored = sorted(conn.execute(sa.select(scans.c.id).where(
             scans.c.source_kind == "hub")).scalars().all())
     assert stored == judged                                   # one report per judged file
+
+
+def test_a_database_down_for_a_while_loses_no_job(hub: FakeHub, tmp_path: Path,
+                                                  database: dict[str, Any]) -> None:
+    """A PostgreSQL restart as the service sees it: every connection cut, and none accepted
+    for a few seconds, mid-revision. The job tier reconnects; every file ends judged once.
+    A database of its own (not a schema), so refusing connections touches only this test."""
+    _only(database, "a database outage")
+    from ckptguard.app.main import create_app
+    from ckptguard.app.settings import Settings
+    from ckptguard.app.tables import scans
+    from tests.hub.conftest import PG_URL, hub_settings
+
+    assert PG_URL is not None
+    name = f"ckptguard_outage_{uuid.uuid4().hex[:10]}"
+    admin = sa.create_engine(PG_URL, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
+    url = sa.make_url(PG_URL).set(database=name).render_as_string(hide_password=False)
+    try:
+        settings = Settings(**hub_settings(hub, tmp_path / "data", **{**database, "database_url": url}))
+        with TestClient(create_app(settings), raise_server_exceptions=False) as client:
+            hub.storage.set_fault("stall", stall_seconds=1.0)   # slow blobs: the outage lands mid-run
+            deliver(client, payload(REV_A))
+            deadline = time.monotonic() + 60
+            while not any(f["state"] in ("running", "done") for f in
+                          _revision(client, REV_A).get("files", [])):
+                assert time.monotonic() < deadline
+                time.sleep(0.1)
+            with admin.connect() as conn:   # down: nothing connects, and what was connected is cut
+                conn.execute(sa.text(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS false'))
+                cut = conn.execute(sa.text("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                                           "WHERE datname = :name"), {"name": name}).scalar()
+                time.sleep(3.0)
+                conn.execute(sa.text(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true'))
+            hub.storage.set_fault(None)
+            assert cut and cut >= 1
+            doc = wait_done(client, REV_A, timeout=120)
+            files = by_path(doc)
+            assert doc["state"] == "done"
+            assert {p: (f["state"], f["verdict"]) for p, f in files.items()} == EXPECTED_A
+            judged = sorted(f["report_id"] for f in files.values() if f["report_id"] is not None)
+            with client.app.state.hub.db.engine.connect() as conn:   # type: ignore[attr-defined]
+                stored = sorted(conn.execute(sa.select(scans.c.id).where(
+                    scans.c.source_kind == "hub")).scalars().all())
+            assert stored == judged
+    finally:
+        with admin.connect() as conn:
+            conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
