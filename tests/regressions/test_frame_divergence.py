@@ -78,7 +78,7 @@ def _load_from_file(data: bytes) -> tuple[str, Any, list[tuple[str, str]]]:
         return type(exc).__name__, None, rec.imported
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=120, deadline=None)
 @given(st.data())
 def test_file_reader_view_matches_the_c_unpickler(draw: st.DataObject) -> None:
     """Random FRAMEs dropped at opcode boundaries of a real pickle (lengths that end inside
