@@ -19,14 +19,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import pickle
 import signal
-import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from pathlib import Path
 
 import httpx
@@ -34,39 +31,12 @@ import sqlalchemy as sa
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.e2e.service_server import free_port, postgres_schema
-from tests.hub.fakehub import FakeHub
+from tests.e2e.service_server import cli_process, free_port, postgres_schema
+from tests.hub.fakehub import FakeHub, revision_files, sha_of
 
 ROOT = Path(__file__).resolve().parent.parent
 REPO = "bench/fleet"
 SECRET = "bench-webhook-secret"
-
-
-def revision_files(n: int) -> dict[str, bytes]:
-    return {"model.bin": pickle.dumps({"revision": n, "w": list(range(n % 5 + 2))}, protocol=2),
-            "optim.bin": pickle.dumps([n, "state", {"step": n}], protocol=4),
-            "README.md": f"# revision {n}\n".encode()}
-
-
-def sha_of(n: int) -> str:
-    return f"{n + 1:040x}"
-
-
-@contextmanager
-def process(args: list[str], env: dict[str, str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
-    with log.open("wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "ckptguard.app.cli", *args], cwd=ROOT, env=env,
-                                stdout=out, stderr=subprocess.STDOUT)
-    try:
-        yield proc
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
 
 
 def wait(check, timeout: float = 300.0) -> None:   # type: ignore[no-untyped-def]
@@ -104,12 +74,12 @@ def run(hub: FakeHub, revisions: int, workdir: Path, *, database: dict[str, str]
            "CKPTGUARD_QUEUE_STALLED_SECONDS": "5", "CKPTGUARD_QUEUE_RECOVER_SECONDS": "1", **database}
     workdir.mkdir(parents=True)
     with ExitStack() as stack:
-        stack.enter_context(process(["serve", "--api-only"] if workers else ["serve"], env,
+        stack.enter_context(cli_process(["serve", "--api-only"] if workers else ["serve"], env,
                                     workdir / "api.log"))
         http = stack.enter_context(httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30))
         wait(lambda: healthy(http), 120)
         env["CKPTGUARD_LOG_LEVEL"] = "INFO"   # "worker started" tells when a worker is ready
-        procs = [stack.enter_context(process(["worker"], env, workdir / f"worker-{i}.log"))
+        procs = [stack.enter_context(cli_process(["worker"], env, workdir / f"worker-{i}.log"))
                  for i in range(workers)]
         wait(lambda: all(started(workdir / f"worker-{i}.log") for i in range(workers)), 120)
         began = time.perf_counter()

@@ -63,13 +63,30 @@ def running_server(data_dir: Path, **env: str) -> Iterator[Server]:
             time.sleep(0.2)
         yield server
     finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(30)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+        stop(process)
+
+
+def stop(process: subprocess.Popen[bytes]) -> None:
+    """SIGTERM (a graceful stop, as an operator's), SIGKILL if it is not gone in 30 s."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+@contextmanager
+def cli_process(args: list[str], env: dict[str, str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """`ckptguard ARGS` as a subprocess, its output in `log`; stopped on exit."""
+    with log.open("wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "ckptguard.app.cli", *args], cwd=ROOT,
+                                env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        yield proc
+    finally:
+        stop(proc)
 
 
 @contextmanager

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import pickle
 import threading
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -95,6 +96,19 @@ class FakeHub:
 
 def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
+
+
+def revision_files(n: int) -> dict[str, bytes]:
+    """Revision n of a fleet (tests/hub/test_failover.py, bench/hub_bench.py): two checkpoints
+    no other revision shares (no report reuse: each is scanned) and a text."""
+    return {"model.bin": pickle.dumps({"revision": n, "w": list(range(n % 5 + 2))}, protocol=2),
+            "optim.bin": pickle.dumps([n, "state", {"step": n}], protocol=4),
+            "README.md": f"# revision {n}\n".encode()}
+
+
+def sha_of(n: int) -> str:
+    """Revision n's commit sha."""
+    return f"{n + 1:040x}"
 
 
 def blob_path(data: bytes) -> str:

@@ -7,13 +7,10 @@ procrastinate on PostgreSQL (stalled-job recovery) and SQLite's in-process queue
 from __future__ import annotations
 
 import os
-import pickle
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -22,9 +19,9 @@ import pytest
 import sqlalchemy as sa
 
 from tests.components import missing
-from tests.e2e.service_server import ROOT, free_port, postgres_schema
+from tests.e2e.service_server import ROOT, cli_process, free_port, postgres_schema
 from tests.hub.conftest import SECRET, payload
-from tests.hub.fakehub import FakeHub
+from tests.hub.fakehub import FakeHub, revision_files, sha_of
 from tests.hub.test_service import Receiver
 
 pytestmark = pytest.mark.e2e
@@ -32,17 +29,6 @@ pytestmark = pytest.mark.e2e
 REPO = "acme/fleet"
 REVISIONS = 50
 PG_URL = os.environ.get("CKPTGUARD_TEST_POSTGRES_URL")
-
-
-def revision_files(n: int) -> dict[str, bytes]:
-    """Two checkpoints no other revision shares (no report reuse: each is scanned) and a text."""
-    return {"model.bin": pickle.dumps({"revision": n, "w": list(range(n % 5 + 2))}, protocol=2),
-            "optim.bin": pickle.dumps([n, "state", {"step": n}], protocol=4),
-            "README.md": f"# revision {n}\n".encode()}
-
-
-def sha_of(n: int) -> str:
-    return f"{n + 1:040x}"
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -54,23 +40,6 @@ def database(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[dict[st
         missing("CKPTGUARD_TEST_POSTGRES_URL is not set (.ci/run starts PostgreSQL and sets it)")
     with postgres_schema(PG_URL) as url:
         yield {"CKPTGUARD_DATABASE_URL": url}
-
-
-@contextmanager
-def process(args: list[str], env: dict[str, str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
-    with log.open("wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "ckptguard.app.cli", *args], cwd=ROOT,
-                                env=env, stdout=out, stderr=subprocess.STDOUT)
-    try:
-        yield proc
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
 
 
 def wait_for(check: Any, what: str, timeout: float, logs: list[Path]) -> Any:
@@ -103,7 +72,7 @@ def test_a_killed_worker_loses_nothing_and_duplicates_nothing(tmp_path: Path,
                **database}
         logs = [tmp_path / "api.log", tmp_path / "worker-a.log", tmp_path / "worker-b.log"]
         (tmp_path / "data").mkdir()
-        stack.enter_context(process(["serve", "--api-only"], env, logs[0]))
+        stack.enter_context(cli_process(["serve", "--api-only"], env, logs[0]))
         base = f"http://127.0.0.1:{port}"
         http = stack.enter_context(httpx.Client(base_url=base, timeout=30))
 
@@ -122,8 +91,8 @@ def test_a_killed_worker_loses_nothing_and_duplicates_nothing(tmp_path: Path,
                 assert r.status_code == 202, r.text
                 [item] = r.json()["revisions"]
                 assert item["duplicate"] is (attempt == 1) and item["new_job"] is (attempt == 0)
-        worker_a = stack.enter_context(process(["worker"], env, logs[1]))
-        stack.enter_context(process(["worker"], env, logs[2]))
+        worker_a = stack.enter_context(cli_process(["worker"], env, logs[1]))
+        stack.enter_context(cli_process(["worker"], env, logs[2]))
 
         def done_count() -> int:
             items = http.get("/hub/revisions", params={"limit": 100, "state": "done"}).json()["items"]
@@ -196,7 +165,7 @@ def test_sigterm_hands_the_running_job_back(tmp_path: Path, database: dict[str, 
                **database}
         logs = [tmp_path / "api.log", tmp_path / "worker-a.log", tmp_path / "worker-b.log"]
         (tmp_path / "data").mkdir()
-        stack.enter_context(process(["serve", "--api-only"], env, logs[0]))
+        stack.enter_context(cli_process(["serve", "--api-only"], env, logs[0]))
         http = stack.enter_context(httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30))
 
         def healthy() -> bool:
@@ -208,7 +177,7 @@ def test_sigterm_hands_the_running_job_back(tmp_path: Path, database: dict[str, 
         wait_for(healthy, "the API", 120, logs)
         http.post("/webhooks/huggingface", json=payload(sha_of(0), repo=REPO),
                   headers={"X-Webhook-Secret": SECRET})
-        worker = stack.enter_context(process(["worker"], env, logs[1]))
+        worker = stack.enter_context(cli_process(["worker"], env, logs[1]))
         wait_for(lambda: hub.storage.log, "the first read", 120, logs)
         stopped = time.monotonic()
         worker.send_signal(signal.SIGTERM)
@@ -228,7 +197,7 @@ def test_sigterm_hands_the_running_job_back(tmp_path: Path, database: dict[str, 
                     "SELECT status::text, count(*) FROM procrastinate_jobs "
                     "WHERE queue_name = 'hub' GROUP BY status")).all())
                 assert "doing" not in states and states.get("todo", 0) >= 1, states
-        stack.enter_context(process(["worker"], env, logs[2]))
+        stack.enter_context(cli_process(["worker"], env, logs[2]))
         finished = wait_for(lambda: (d := http.get(f"/hub/model/{REPO}/revisions/{sha_of(0)}").json())
                             ["state"] == "done" and d, "the revision", 120, logs)
         assert all(f["state"] in ("done", "skipped") for f in finished["files"])
