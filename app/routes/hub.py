@@ -86,6 +86,14 @@ def _delivery_counter(request: Request) -> Any:
         else (lambda outcome: None)
 
 
+async def _job(runner: HubRunner, repo_type: str, repo: str, sha: str) -> Any:
+    """The scan job of this revision; 404 when the hub never queued it."""
+    job = await asyncio.to_thread(runner.db.find_job, repo_type_of(repo_type), _repo(repo), sha.lower())
+    if job is None:
+        raise AppError("REVISION_NOT_FOUND", 404, "no scan job for this revision")
+    return job
+
+
 def _repo(path: str) -> str:
     repo = valid_repo(path)   # `namespace/name`, or a legacy bare name such as `gpt2`
     if repo is None:
@@ -122,9 +130,8 @@ async def revisions(
 @router.get("/hub/{repo_type}/{repo:path}/revisions/{sha}", dependencies=[AuthDep])
 async def revision(repo_type: str, repo: str, sha: str, request: Request) -> JSONResponse:
     runner = _runner(request)
-    job = await asyncio.to_thread(runner.db.find_job, repo_type_of(repo_type), _repo(repo),
-                                  sha.lower())
-    doc = None if job is None else await asyncio.to_thread(summary, runner.db, job.id)
+    job = await _job(runner, repo_type, repo, sha)
+    doc = await asyncio.to_thread(summary, runner.db, job.id)
     if doc is None:
         raise AppError("REVISION_NOT_FOUND", 404, "no scan job for this revision")
     return JSONResponse(doc)
@@ -135,10 +142,7 @@ async def revision(repo_type: str, repo: str, sha: str, request: Request) -> JSO
 async def rescan(repo_type: str, repo: str, sha: str, request: Request) -> JSONResponse:
     """Judge a finished revision again (after a scanner upgrade or an allowlist change)."""
     runner = _runner(request)
-    job = await asyncio.to_thread(runner.db.find_job, repo_type_of(repo_type), _repo(repo),
-                                  sha.lower())
-    if job is None:
-        raise AppError("REVISION_NOT_FOUND", 404, "no scan job for this revision")
+    job = await _job(runner, repo_type, repo, sha)
     if not await asyncio.to_thread(runner.db.reset, job.id):
         raise AppError("REVISION_BUSY", 409, f"the revision is {job.state}: it is being scanned")
     await _queue(request).enqueue_revision(job.id, priority=PRIORITY_RESCAN)
@@ -150,10 +154,7 @@ async def cancel(repo_type: str, repo: str, sha: str, request: Request) -> JSONR
     """Call off a revision (a rescan, a backfill) that no worker has started: it ends
     `cancelled` (a rescan may queue it again). 409 once it runs or has finished."""
     runner = _runner(request)
-    job = await asyncio.to_thread(runner.db.find_job, repo_type_of(repo_type), _repo(repo),
-                                  sha.lower())
-    if job is None:
-        raise AppError("REVISION_NOT_FOUND", 404, "no scan job for this revision")
+    job = await _job(runner, repo_type, repo, sha)
     if not await asyncio.to_thread(runner.db.cancel, job.id):
         raise AppError("REVISION_BUSY", 409, f"the revision is {job.state}: only a queued one can be "
                        "cancelled")
