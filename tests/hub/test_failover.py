@@ -52,6 +52,30 @@ def wait_for(check: Any, what: str, timeout: float, logs: list[Path]) -> Any:
     return result
 
 
+def api_node(stack: ExitStack, tmp_path: Path, hub: FakeHub, settings: dict[str, str],
+             ) -> tuple[dict[str, str], list[Path], httpx.Client]:
+    """An API-only node (`ckptguard serve --api-only`) up and healthy: the environment its
+    workers share, the logs (API, worker a, worker b) and a client for it."""
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "CKPTGUARD_DATA_DIR": str(tmp_path / "data"),
+           "CKPTGUARD_HOST": "127.0.0.1", "CKPTGUARD_PORT": str(port), "CKPTGUARD_WORKERS": "1",
+           "CKPTGUARD_HUB_ENDPOINT": hub.url, "CKPTGUARD_WEBHOOK_SECRET": SECRET,
+           "CKPTGUARD_URL_ALLOWLIST": "127.0.0.1", **settings}
+    logs = [tmp_path / "api.log", tmp_path / "worker-a.log", tmp_path / "worker-b.log"]
+    (tmp_path / "data").mkdir()
+    stack.enter_context(cli_process(["serve", "--api-only"], env, logs[0]))
+    http = stack.enter_context(httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30))
+
+    def healthy() -> bool:
+        try:
+            return http.get("/healthz").status_code == 200
+        except httpx.TransportError:
+            return False
+
+    wait_for(healthy, "the API", 120, logs)
+    return env, logs, http
+
+
 def test_a_killed_worker_loses_nothing_and_duplicates_nothing(tmp_path: Path,
                                                              database: dict[str, str]) -> None:
     receiver = Receiver(fail=0)
@@ -60,29 +84,12 @@ def test_a_killed_worker_loses_nothing_and_duplicates_nothing(tmp_path: Path,
         for n in range(REVISIONS):
             hub.add("model", REPO, sha_of(n), revision_files(n))
         hub.storage.set_fault("stall", stall_seconds=0.05)   # every read waits: workers are mid-file
-        port = free_port()
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "CKPTGUARD_DATA_DIR": str(tmp_path / "data"),
-               "CKPTGUARD_HOST": "127.0.0.1", "CKPTGUARD_PORT": str(port), "CKPTGUARD_WORKERS": "1",
-               "CKPTGUARD_WORKER_CONCURRENCY": "2", "CKPTGUARD_HUB_ENDPOINT": hub.url,
-               "CKPTGUARD_WEBHOOK_SECRET": SECRET, "CKPTGUARD_URL_ALLOWLIST": "127.0.0.1",
-               "CKPTGUARD_NOTIFY_URL": receiver.url, "CKPTGUARD_NOTIFY_RETRIES": "1",
-               "CKPTGUARD_HUB_RETRY_BACKOFF_SECONDS": "0.2",
-               "CKPTGUARD_QUEUE_HEARTBEAT_SECONDS": "1", "CKPTGUARD_QUEUE_STALLED_SECONDS": "3",
-               "CKPTGUARD_QUEUE_RECOVER_SECONDS": "1", "CKPTGUARD_WORKER_SHUTDOWN_SECONDS": "5",
-               **database}
-        logs = [tmp_path / "api.log", tmp_path / "worker-a.log", tmp_path / "worker-b.log"]
-        (tmp_path / "data").mkdir()
-        stack.enter_context(cli_process(["serve", "--api-only"], env, logs[0]))
-        base = f"http://127.0.0.1:{port}"
-        http = stack.enter_context(httpx.Client(base_url=base, timeout=30))
-
-        def healthy() -> bool:
-            try:
-                return http.get("/healthz").status_code == 200
-            except httpx.TransportError:
-                return False
-
-        wait_for(healthy, "the API", 120, logs)
+        env, logs, http = api_node(stack, tmp_path, hub, {
+            "CKPTGUARD_WORKER_CONCURRENCY": "2", "CKPTGUARD_NOTIFY_URL": receiver.url,
+            "CKPTGUARD_NOTIFY_RETRIES": "1", "CKPTGUARD_HUB_RETRY_BACKOFF_SECONDS": "0.2",
+            "CKPTGUARD_QUEUE_HEARTBEAT_SECONDS": "1", "CKPTGUARD_QUEUE_STALLED_SECONDS": "3",
+            "CKPTGUARD_QUEUE_RECOVER_SECONDS": "1", "CKPTGUARD_WORKER_SHUTDOWN_SECONDS": "5",
+            **database})
         # every push delivered twice: the second is recorded as a duplicate, nothing queued
         for n in range(REVISIONS):
             for attempt in range(2):
@@ -157,24 +164,8 @@ def test_sigterm_hands_the_running_job_back(tmp_path: Path, database: dict[str, 
     with ExitStack() as stack, FakeHub() as hub:
         hub.add("model", REPO, sha_of(0), revision_files(0))
         hub.storage.set_fault("stall", stall_seconds=4.0, times=1)   # the first read hangs
-        port = free_port()
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "CKPTGUARD_DATA_DIR": str(tmp_path / "data"),
-               "CKPTGUARD_HOST": "127.0.0.1", "CKPTGUARD_PORT": str(port), "CKPTGUARD_WORKERS": "1",
-               "CKPTGUARD_HUB_ENDPOINT": hub.url, "CKPTGUARD_WEBHOOK_SECRET": SECRET,
-               "CKPTGUARD_URL_ALLOWLIST": "127.0.0.1", "CKPTGUARD_WORKER_SHUTDOWN_SECONDS": "0.5",
-               **database}
-        logs = [tmp_path / "api.log", tmp_path / "worker-a.log", tmp_path / "worker-b.log"]
-        (tmp_path / "data").mkdir()
-        stack.enter_context(cli_process(["serve", "--api-only"], env, logs[0]))
-        http = stack.enter_context(httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30))
-
-        def healthy() -> bool:
-            try:
-                return http.get("/healthz").status_code == 200
-            except httpx.TransportError:
-                return False
-
-        wait_for(healthy, "the API", 120, logs)
+        env, logs, http = api_node(stack, tmp_path, hub,
+                                   {"CKPTGUARD_WORKER_SHUTDOWN_SECONDS": "0.5", **database})
         http.post("/webhooks/huggingface", json=payload(sha_of(0), repo=REPO),
                   headers={"X-Webhook-Secret": SECRET})
         worker = stack.enter_context(cli_process(["worker"], env, logs[1]))
