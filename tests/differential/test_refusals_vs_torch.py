@@ -39,11 +39,14 @@ np = pytest.importorskip("numpy")
 pytestmark = pytest.mark.torch
 
 
-def _torch(path: Path) -> tuple[bool, str | None, str | None]:
+Answer = tuple[bool, str | None, str | None]   # (loadable, error type, first line)
+
+
+def _torch(path: Path) -> Answer:
     return torch_answer(path.name)   # by bare name from its folder, as the scan names it
 
 
-def _agree(path: Path) -> tuple[object, tuple[bool, str | None, str | None]]:
+def _agree(path: Path) -> tuple[object, Answer]:
     report = scan_path(path)
     wo = report.weights_only
     return report, (wo.loadable, wo.error_type, wo.error)
@@ -162,9 +165,6 @@ def _refusals(folder: Path) -> Iterator[tuple[str, bytes]]:
     yield "html", b"<!DOCTYPE html><html><body>404</body></html>"
     for i in range(40):
         yield f"random-{i}", rng.randbytes(rng.choice([1, 2, 7, 64, 300, 4096]))
-
-
-Answer = tuple[bool, "str | None", "str | None"]
 
 
 def _answers(folder: Path, cases: Iterator[tuple[str, bytes]]) -> Iterator[tuple[str, Answer, Answer]]:
