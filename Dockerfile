@@ -16,7 +16,11 @@ RUN python3 -m venv /opt/venv \
  && /opt/venv/bin/pip install --only-binary=:all: --no-compile 'setuptools>=68' wheel \
  && /opt/venv/bin/pip install --no-build-isolation '.[postgres]' \
  && /opt/venv/bin/pip uninstall -y pip setuptools wheel \
- && find /opt/venv -name '__pycache__' -prune -exec rm -rf {} +
+ && /opt/venv/bin/python -m compileall -q -j 0 /opt/venv
+# The bytecode stays in the image: the final stage's code is root's and read-only to the
+# service, so a process could never cache what it compiles, and every start (the service, each
+# scan worker, `ckptguard scan` in the container) would recompile ckptguard and its
+# dependencies: ~0.4 s of a one-file scan (tests/e2e/test_container.py checks it is there).
 
 FROM ${BASE}
 LABEL org.opencontainers.image.title="ckptguard" \

@@ -56,7 +56,8 @@ class Region(NamedTuple):
     length: int
 
     def to_json(self) -> dict[str, Any]:
-        return self._asdict()
+        kind, name, offset, length = self
+        return {"kind": kind, "name": name, "offset": offset, "length": length}
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,15 +159,17 @@ def _zip_regions(spans: ZipSpans, storage_records: set[str], flagged: set[str | 
     add_region(out, "prepended", "bytes before the first record", 0, first)
     # anomalies between records: one pass, the same walk core.zip.checks makes
     cursor = payload_max = first
-    for i in range(n):
-        start = spans.header[i]
+    for name, start, data, size, end in zip(spans.names, spans.header, spans.data, spans.size,
+                                            spans.end, strict=True):
         if start < payload_max:
-            add_region(out, "overlap", spans.names[i], start, min(payload_max, spans.end[i]) - start)
+            add_region(out, "overlap", name, start, min(payload_max, end) - start)
         elif start > cursor:
-            add_region(out, "unreferenced_data", f"{start - cursor} bytes before {spans.names[i]}",
+            add_region(out, "unreferenced_data", f"{start - cursor} bytes before {name}",
                        cursor, start - cursor)
-        payload_max = max(payload_max, spans.data[i] + spans.size[i])
-        cursor = max(cursor, spans.end[i])
+        if data + size > payload_max:   # comparisons, not max(): this runs once per record
+            payload_max = data + size
+        if end > cursor:
+            cursor = end
     if payload_max > spans.cd_offset:
         add_region(out, "overlap", "records reaching into the central directory", spans.cd_offset,
                    payload_max - spans.cd_offset)

@@ -88,7 +88,7 @@ def scan_pickle(data: bytes | memoryview, an: Analysis, *, record: str | None,
 
 
 # Under "auto", a pickle this small goes straight to the exact interpreters: they judge it in
-# about a millisecond, while the fast path first compiles its opcode walk (~50 ms, once per
+# about a millisecond, while the fast path first compiles its opcode walk (~11 ms, once per
 # process), which a command-line scan of one small file would pay for nothing. The engines
 # agree (tests/agreement, where "general" still sends every pickle to the fast path first).
 SMALL_PICKLE_BYTES = 4096

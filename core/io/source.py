@@ -196,7 +196,8 @@ class FileSource:
         ordered = sorted(spans)
         reach = -1
         for off, n in ordered:
-            check_span(size, off, n)
+            if off < 0 or n < 0 or off + n > size:
+                check_span(size, off, n)
             if off <= reach:
                 return read_coalesced(self.read_at, spans, gap=0)
             reach = off + n
@@ -259,15 +260,16 @@ class ReadOnce:
 
     def read_many(self, spans: Sequence[tuple[int, int]]) -> list[bytes]:
         cache = self._cache
-        if not len(cache):
-            first = self.inner.read_many(spans)
-            self._keep(spans, first)
-            return first
+        touched = cache.touching(spans) if len(cache) else []
+        if not any(touched):   # nothing kept is asked for again (the inner source checks spans)
+            plain = self.inner.read_many(spans)
+            self._keep(spans, plain)
+            return plain
         todo: list[tuple[int, int]] = []
         plan: list[list[tuple[int, int]] | None] = []
-        for off, n in spans:
+        for (off, n), touches in zip(spans, touched, strict=True):
             check_span(self.size, off, n)
-            gaps = cache.missing(off, off + n) if n else []
+            gaps = cache.missing(off, off + n) if touches else [(off, off + n)] if n else []
             if gaps == [(off, off + n)]:
                 plan.append(None)            # nothing of it kept: read it as asked
                 todo.append((off, n))

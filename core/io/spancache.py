@@ -53,6 +53,20 @@ class SpanCache:
             return d[start - s : end - s]
         return None
 
+    def touching(self, spans: Sequence[tuple[int, int]]) -> list[bool]:
+        """For each (offset, nbytes) span, whether it shares a byte with a cached span: one
+        bisect each (a scan's thousands of local-header reads rarely touch the few kept)."""
+        starts = self._starts
+        ends = [s + len(d) for s, d in zip(starts, self._data, strict=True)]
+        count = len(starts)
+        bisect_right = bisect.bisect_right
+        out: list[bool] = []
+        for off, n in spans:
+            i = bisect_right(starts, off)   # cached spans [0, i) start at or before off
+            out.append(n > 0 and ((i > 0 and ends[i - 1] > off)
+                                  or (i < count and starts[i] < off + n)))
+        return out
+
     def missing(self, start: int, end: int) -> list[tuple[int, int]]:
         """The uncovered parts of [start, end) as [start, end) pairs."""
         out: list[tuple[int, int]] = []

@@ -131,3 +131,37 @@ def test_image_builds_runs_and_scans(podman: list[str], image: str, container: t
     assert tools.strip() == b"", tools
     config = json.loads(run([*podman, "image", "inspect", image]).stdout)[0]
     assert "Healthcheck" in json.dumps(config)
+
+
+_ENGINE_PROBE = r"""
+import importlib.util, json, sys
+import ckptguard.app.cli as cli
+from ckptguard.core.io.source import BytesSource
+from ckptguard.core.lane import torch_zip
+from ckptguard.core.state import Analysis
+an = Analysis()
+took = torch_zip.try_torch_zip(BytesSource(sys.stdin.buffer.read()), an)
+print(json.dumps({"lane": took, "tensors": len(an.tensors), "python": sys.version.split()[0],
+                  "dont_write_bytecode": sys.flags.dont_write_bytecode,
+                  "bytecode_shipped": importlib.util.cache_from_source(cli.__file__)}))
+"""
+
+
+def test_the_image_runs_the_fast_lane_from_shipped_bytecode(podman: list[str], image: str) -> None:
+    """The image's Python (Debian 12's 3.11.2 in CI: the one whose `re` mis-walks possessive
+    repeats) takes a torch-writer checkpoint through the column lane and its opcode walk, and
+    imports ckptguard from bytecode compiled at build: with PYTHONDONTWRITEBYTECODE set and the
+    code read-only, a process that had to compile would do so on every start."""
+    from tests.builders.torchlayout import state_dict, torch_layout, v2
+
+    count = 300
+    pickled = state_dict(*((f"layer.{i}.weight", v2(str(i))) for i in range(count)))
+    checkpoint = torch_layout("probe", pickled, [(str(i), bytes(8)) for i in range(count)])
+    out = run([*podman, "run", "--rm", "-i", "--network=none", image, "python3", "-c", _ENGINE_PROBE],
+              stdin=checkpoint)
+    probe = json.loads(out.stdout.decode().splitlines()[-1])
+    assert probe["lane"] is True and probe["tensors"] == count, probe
+    assert probe["dont_write_bytecode"] == 1, probe
+    exists = run([*podman, "run", "--rm", "--network=none", image, "test", "-f",
+                  probe["bytecode_shipped"]], check=False)
+    assert exists.returncode == 0, f"no bytecode for ckptguard.app.cli in the image ({probe})"

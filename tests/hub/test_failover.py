@@ -1,5 +1,5 @@
 """The job tier under failure, with real processes: one API-only node (uvicorn on 127.0.0.1),
-two `ckptguard worker` subprocesses, a fake hub on 127.0.0.1 with 50 revisions; one worker is
+two `ckptguard worker` subprocesses, a fake hub on 127.0.0.1 with 20 revisions; one worker is
 killed with SIGKILL mid-run. Every file must end judged exactly once, every revision `done`,
 no report stored twice, every webhook delivery deduplicated. Run on both implementations:
 procrastinate on PostgreSQL (stalled-job recovery) and SQLite's in-process queue (leases)."""
@@ -27,7 +27,7 @@ from tests.hub.test_service import Receiver
 pytestmark = pytest.mark.e2e
 
 REPO = "acme/fleet"
-REVISIONS = 50
+REVISIONS = 20
 PG_URL = os.environ.get("CKPTGUARD_TEST_POSTGRES_URL")
 
 

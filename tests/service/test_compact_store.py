@@ -115,7 +115,7 @@ def expected_pages(report: dict[str, Any], *, name: str | None, dtype: str | Non
 
 
 @pytest.mark.parametrize("few", [0, 10**9], ids=["index-walk", "sorted-here"])
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(name=st.one_of(st.none(), st.text("layerATNx.5%_b0123", max_size=4)),
        dtype=st.one_of(st.none(), st.sampled_from((*DTYPES, "complex64"))),
        sort=st.sampled_from(sorted(store_module.TENSOR_SORTS)), limit=st.integers(1, 300))

@@ -19,7 +19,7 @@ _NOT_FOR_A_PICKLE = ("numpy", "hashlib", "pickletools", "httpx", "ckptguard.core
                      "ckptguard.core.zip.columns", "ckptguard.core.zip.checks",
                      "ckptguard.core.io.http", "ckptguard.core.formats.export",
                      "ckptguard.core.lane", "ckptguard.core.manifest", "ckptguard.app.api",
-                     # the fast paths' walk (a regex that takes ~50 ms to compile): a small
+                     # the fast paths' walk (a regex that takes ~11 ms to compile): a small
                      # pickle goes to the exact interpreters; the folder: no computed global
                      "ckptguard.core.pickle.fast.tokenize", "ckptguard.core.pickle.fast.stubs",
                      "ckptguard.core.pickle.fold")
@@ -49,3 +49,30 @@ def test_the_first_opcode_table_is_pickletools_own() -> None:
         b"(.0123IJKLMNFGSTUVXcdehijklnoprqs}])\x88\x89\x8a\x8b\x8c\x8d\x8e\x8f"
         b"\x90\x91\x92\x93\x94\x95\x96\x97\x98")
     assert built == _PICKLE_FIRST_OPS
+
+
+def test_a_cli_scan_that_needs_numpy_starts_no_blas_threads(tmp_path: Path) -> None:
+    """numpy's OpenBLAS starts a thread per core at import (~80 ms of a one-file scan); the
+    command line asks for one, so the process stays single-threaded (unless the user's
+    environment says otherwise)."""
+    import os
+
+    if (os.cpu_count() or 1) < 2:
+        import pytest
+
+        pytest.skip("one core: OpenBLAS starts no extra thread anyway")
+    from tests.builders.torchlayout import state_dict, torch_layout, v2
+
+    target = tmp_path / "many.pt"
+    pickled = state_dict(*((f"layer.{i}.weight", v2(str(i))) for i in range(200)))
+    target.write_bytes(torch_layout("many", pickled, [(str(i), bytes(8)) for i in range(200)]))
+    code = ("import json, os, sys\n"
+            "from ckptguard.app.cli import main\n"
+            f"status = main(['scan', '-q', {str(target)!r}])\n"
+            "print(json.dumps([status, 'numpy' in sys.modules, len(os.listdir('/proc/self/task'))]))")
+    env = {k: v for k, v in os.environ.items() if not k.endswith("_NUM_THREADS")}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, timeout=120, env=env)
+    status, numpy_loaded, threads = json.loads(out.stdout.splitlines()[-1])
+    assert status == 0 and numpy_loaded   # the column lane ran, so numpy (and OpenBLAS) loaded
+    assert threads == 1

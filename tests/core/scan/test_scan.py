@@ -84,6 +84,22 @@ def test_report_json_has_the_contract_fields() -> None:
     assert set(out["weights_only"]) >= {"loadable", "error", "unsafe_globals"}
 
 
+def test_every_manifest_row_serialises_each_of_its_fields_once() -> None:
+    """Tensor, storage and region rows are written out as dict displays (for speed): their
+    keys must be the rows' own fields, in order, with every value (a new field that the
+    display forgets would silently drop out of the report)."""
+    from ckptguard.core.filemap import Region
+    from ckptguard.core.report import StorageEntry, TensorEntry
+
+    for row_type in (TensorEntry, StorageEntry, Region):
+        fields = row_type._fields
+        row = row_type(*(f"value-{i}" for i in range(len(fields))))
+        out = row.to_json()
+        assert list(out) == list(fields)
+        assert [str(v) if not isinstance(v, list) else "".join(v) for v in out.values()] == \
+            [f"value-{i}" for i in range(len(fields))]
+
+
 def test_torchs_answer_on_a_plain_pickle_reuses_the_policy_replay(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """A pickle without persistent ids reads alike with and without torch's storage hook:

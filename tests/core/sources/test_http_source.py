@@ -5,6 +5,8 @@ from __future__ import annotations
 import time
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ckptguard.core.errors import Code, LimitExceeded, SourceError
 from ckptguard.core.io.http import HttpSource
@@ -329,6 +331,19 @@ def test_span_cache_merges_and_reports_gaps() -> None:
     assert cache.get(10, 23) == b"abcdEFGHIJXYZ"
     assert cache.missing(10, 23) == []
     assert cache.get(9, 12) is None
+
+
+@settings(max_examples=300, deadline=None)
+@given(kept=st.lists(st.tuples(st.integers(0, 60), st.integers(0, 12)), max_size=6),
+       spans=st.lists(st.tuples(st.integers(0, 70), st.integers(0, 12)), max_size=6))
+def test_span_cache_touching_means_a_shared_byte(kept: list[tuple[int, int]],
+                                                 spans: list[tuple[int, int]]) -> None:
+    """`touching` (the local reader's quick pass) against the byte sets themselves."""
+    cache = SpanCache()
+    for off, n in kept:
+        cache.add(off, bytes(n))
+    held = {b for off, n in kept for b in range(off, off + n)}
+    assert cache.touching(spans) == [bool(held & set(range(off, off + n))) for off, n in spans]
 
 
 def test_coalesce() -> None:
