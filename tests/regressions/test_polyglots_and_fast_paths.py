@@ -92,10 +92,10 @@ def test_a_tuple_dag_key_is_judged_in_linear_time() -> None:
     """((x, x), (x, x)) ... 60 levels through the memo: 2**60 paths, 60 distinct tuples.
     The exact interpreter's hashability check walks each tuple once (run in a subprocess so
     a regression fails on the timeout instead of hanging the suite)."""
-    code = ("from core.torch.callables import hash_error\n"
+    code = ("from ckptguard.core.torch.callables import hash_error\n"
             "t = (1,)\nfor _ in range(60): t = (t, t)\nprint(hash_error(t, None))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=60, check=True, cwd=Path(__file__).resolve().parents[2])
+                         timeout=60, check=True)
     assert out.stdout.strip() == "None"
 
 
@@ -127,12 +127,8 @@ def test_a_tuple_dag_dict_key_is_judged_without_hashing_it(holder: str, tmp_path
     the visits first. In a subprocess, so a regression fails on the timeout."""
     path = tmp_path / "dag.pkl"
     path.write_bytes(_DAG_HOLDERS[holder](_dag_key(60)))
-    code = ("import sys\nfrom core.scan import scan_path\nr = scan_path(sys.argv[1])\n"
-            "print(r.verdict, r.weights_only.error)")
-    out = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True,
-                         timeout=60, check=True, cwd=Path(__file__).resolve().parents[2])
-    verdict, error = out.stdout.strip().split(" ", 1)
-    assert verdict == "suspicious", out.stdout
+    verdict, error = _scan_in_subprocess(path)
+    assert verdict == "suspicious", (verdict, error)
     assert "torch.load would take minutes or hang" in error
 
 
@@ -182,12 +178,19 @@ def test_sizes_beyond_int64_get_torchs_error_and_a_printable_report(
 def _scan_in_subprocess(path: Path) -> tuple[str, str]:
     """(verdict, weights_only error) of a scan run in a subprocess: a regression that makes
     the scan slow fails on the timeout instead of hanging the suite."""
-    code = ("import sys\nfrom core.scan import scan_path\nr = scan_path(sys.argv[1])\n"
-            "print(r.verdict, r.weights_only.error)")
-    out = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True,
-                         timeout=60, check=True, cwd=Path(__file__).resolve().parents[2])
-    verdict, error = out.stdout.strip().split(" ", 1)
+    verdict, error, _ = _scan_with_codes_in_subprocess(path)
     return verdict, error
+
+
+def _scan_with_codes_in_subprocess(path: Path) -> tuple[str, str, set[str]]:
+    """(verdict, weights_only error, finding codes) of one scan in a subprocess."""
+    code = ("import json, sys\nfrom ckptguard.core.scan import scan_path\n"
+            "r = scan_path(sys.argv[1])\n"
+            "print(json.dumps([r.verdict, str(r.weights_only.error), [str(f.code) for f in r.findings]]))")
+    out = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True,
+                         timeout=60, check=True)
+    verdict, error, codes = json.loads(out.stdout.splitlines()[-1])
+    return verdict, error, set(codes)
 
 
 def test_one_big_tuple_used_as_a_key_200k_times_is_judged_quickly(tmp_path: Path) -> None:
@@ -223,9 +226,9 @@ def test_lists_nested_400k_deep_stop_at_the_depth_limit(tmp_path: Path) -> None:
     depth = 400_000
     path = tmp_path / "deep.pt"
     path.write_bytes(torch_layout("deep", b"\x80\x02" + b"]" * depth + b"a" * (depth - 1) + b"."))
-    verdict, _ = _scan_in_subprocess(path)
+    verdict, _, codes = _scan_with_codes_in_subprocess(path)
     assert verdict == "invalid"
-    assert "LIMIT_DEPTH" in {f.code for f in scan_path(path).findings}
+    assert "LIMIT_DEPTH" in codes
 
 
 def test_one_tensor_met_at_many_paths_is_bounded(tmp_path: Path) -> None:
