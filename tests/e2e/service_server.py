@@ -89,6 +89,22 @@ def cli_process(args: list[str], env: dict[str, str], log: Path) -> Iterator[sub
         stop(proc)
 
 
+# CI's PostgreSQL (.ci/run starts it and sets this); unset on a developer's machine
+PG_URL = os.environ.get("CKPTGUARD_TEST_POSTGRES_URL")
+
+
+@contextmanager
+def private_postgres() -> Iterator[str]:
+    """A private schema in CI's PostgreSQL (postgres_schema): skips on a developer's machine
+    without CKPTGUARD_TEST_POSTGRES_URL, fails under CI=true (tests.components.missing)."""
+    from tests.components import missing
+
+    if not PG_URL:
+        missing("CKPTGUARD_TEST_POSTGRES_URL is not set (.ci/run starts PostgreSQL and sets it)")
+    with postgres_schema(PG_URL) as url:
+        yield url
+
+
 @contextmanager
 def postgres_schema(base_url: str) -> Iterator[str]:
     """A private schema in the test database; the URL selects it via search_path."""

@@ -14,8 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.components import missing
-from tests.e2e.service_server import Server, postgres_schema, running_server
+from tests.e2e.service_server import Server, private_postgres, running_server
 from tests.service.conftest import BOUNDARY, multipart_chunks
 from tests.service.payloads import (
     benign_pickle,
@@ -27,7 +26,6 @@ from tests.service.payloads import (
 )
 
 pytestmark = pytest.mark.e2e
-PG_URL = os.environ.get("CKPTGUARD_TEST_POSTGRES_URL")
 
 
 @pytest.fixture(scope="module", params=["sqlite", "postgresql"])
@@ -36,9 +34,7 @@ def database(request, tmp_path_factory) -> Iterator[dict[str, str]]:
     if request.param == "sqlite":
         yield {}
         return
-    if not PG_URL:
-        missing("CKPTGUARD_TEST_POSTGRES_URL is not set (.ci/run starts PostgreSQL and sets it)")
-    with postgres_schema(PG_URL) as url:
+    with private_postgres() as url:
         yield {"CKPTGUARD_DATABASE_URL": url}
 
 

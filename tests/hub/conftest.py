@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
@@ -14,8 +13,7 @@ from fastapi.testclient import TestClient
 
 from ckptguard.app.main import create_app
 from ckptguard.app.settings import Settings
-from tests.components import missing
-from tests.e2e.service_server import postgres_schema
+from tests.e2e.service_server import private_postgres
 from tests.hub.checkpoints import REPO, REV_A, REV_B, revision_a, revision_b
 from tests.hub.fakehub import FakeHub
 
@@ -47,8 +45,6 @@ def hub_settings(hub: FakeHub, data_dir: Path, **overrides: Any) -> dict[str, An
             "hub_lease_seconds": 5.0, **overrides}
 
 
-PG_URL = os.environ.get("CKPTGUARD_TEST_POSTGRES_URL")
-
 
 @pytest.fixture(params=["sqlite", "postgresql"])
 def database(request: pytest.FixtureRequest) -> Iterator[dict[str, Any]]:
@@ -59,9 +55,7 @@ def database(request: pytest.FixtureRequest) -> Iterator[dict[str, Any]]:
     if request.param == "sqlite":
         yield {}
         return
-    if not PG_URL:
-        missing("CKPTGUARD_TEST_POSTGRES_URL is not set (.ci/run starts PostgreSQL and sets it)")
-    with postgres_schema(PG_URL) as url:
+    with private_postgres() as url:
         yield {"database_url": url, "queue_heartbeat_seconds": 1.0, "queue_stalled_seconds": 3.0,
                "queue_recover_seconds": 1.0, "worker_shutdown_seconds": 1.0}
 

@@ -18,8 +18,7 @@ import httpx
 import pytest
 import sqlalchemy as sa
 
-from tests.components import missing
-from tests.e2e.service_server import ROOT, cli_process, free_port, postgres_schema
+from tests.e2e.service_server import ROOT, cli_process, free_port, private_postgres
 from tests.hub.conftest import SECRET, payload
 from tests.hub.fakehub import FakeHub, revision_files, sha_of
 from tests.hub.test_service import Receiver
@@ -28,7 +27,6 @@ pytestmark = pytest.mark.e2e
 
 REPO = "acme/fleet"
 REVISIONS = 20
-PG_URL = os.environ.get("CKPTGUARD_TEST_POSTGRES_URL")
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -36,9 +34,7 @@ def database(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[dict[st
     if request.param == "sqlite":
         yield {"CKPTGUARD_HUB_LEASE_SECONDS": "8"}
         return
-    if not PG_URL:
-        missing("CKPTGUARD_TEST_POSTGRES_URL is not set (.ci/run starts PostgreSQL and sets it)")
-    with postgres_schema(PG_URL) as url:
+    with private_postgres() as url:
         yield {"CKPTGUARD_DATABASE_URL": url}
 
 

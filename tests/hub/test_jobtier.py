@@ -274,7 +274,8 @@ def test_a_database_down_for_a_while_loses_no_job(hub: FakeHub, tmp_path: Path,
     from ckptguard.app.main import create_app
     from ckptguard.app.settings import Settings
     from ckptguard.app.tables import scans
-    from tests.hub.conftest import PG_URL, hub_settings
+    from tests.e2e.service_server import PG_URL
+    from tests.hub.conftest import hub_settings
 
     assert PG_URL is not None
     name = f"ckptguard_outage_{uuid.uuid4().hex[:10]}"

@@ -4,7 +4,6 @@ under the same queueing lock the job tier uses (so enqueueing one again adds not
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -18,17 +17,12 @@ from alembic.config import Config
 from ckptguard.app.settings import Settings
 from ckptguard.app.store import MIGRATIONS
 from ckptguard.app.tables import hub_jobs
-from tests.components import missing
-from tests.e2e.service_server import postgres_schema
-
-PG_URL = os.environ.get("CKPTGUARD_TEST_POSTGRES_URL")
+from tests.e2e.service_server import private_postgres
 
 
 @pytest.fixture
 def url() -> Iterator[str]:
-    if not PG_URL:
-        missing("CKPTGUARD_TEST_POSTGRES_URL is not set (.ci/run starts PostgreSQL and sets it)")
-    with postgres_schema(PG_URL) as private:
+    with private_postgres() as private:
         yield private
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,9 +15,7 @@ from alembic.script import ScriptDirectory
 
 from ckptguard.app.store import MIGRATIONS, Store, decode_cursor, encode_cursor, policy_key
 from ckptguard.app.tables import metadata, ours
-from tests.components import missing
-
-PG_URL = os.environ.get("CKPTGUARD_TEST_POSTGRES_URL")
+from tests.e2e.service_server import private_postgres
 
 
 def report(sha: str, verdict: str = "safe", version: str = "0.1.0") -> dict:
@@ -33,18 +30,8 @@ def url(request, tmp_path: Path) -> Iterator[str]:
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path / 'nested' / 'dir' / 'c.db'}"
         return
-    if not PG_URL:
-        missing("CKPTGUARD_TEST_POSTGRES_URL is not set (.ci/run starts PostgreSQL and sets it)")
-    # A private schema per test: runs never see each other's rows.
-    schema = f"t_{uuid.uuid4().hex[:12]}"
-    admin = sa.create_engine(PG_URL)
-    with admin.begin() as conn:
-        conn.execute(sa.text(f'CREATE SCHEMA "{schema}"'))
-    sep = "&" if "?" in PG_URL else "?"
-    yield f"{PG_URL}{sep}options=-csearch_path%3D{schema}"
-    with admin.begin() as conn:
-        conn.execute(sa.text(f'DROP SCHEMA "{schema}" CASCADE'))
-    admin.dispose()
+    with private_postgres() as private:   # a private schema: runs never see each other's rows
+        yield private
 
 
 def test_migrations_match_the_tables(url: str) -> None:
