@@ -29,6 +29,11 @@ def _obj(required: bool = True, **props: Any) -> dict[str, Any]:
     return out
 
 
+def _with_optional(schema: dict[str, Any], **props: Any) -> dict[str, Any]:
+    """`schema` with more properties that are not required."""
+    return {**schema, "properties": {**schema["properties"], **props}}
+
+
 SEVERITY = {"type": "string", "enum": ["critical", "high", "medium", "low", "info"]}
 VERDICT = {"type": "string", "enum": ["safe", "suspicious", "unsafe", "invalid"]}
 FORMAT = {"type": "string", "enum": ["torch-zip", "torch-legacy", "torch-tar", "torchscript",
@@ -54,8 +59,13 @@ SCHEMAS: dict[str, Any] = {
         "data_descriptor, central_directory, end_records; anomalies: prepended, appended, "
         "unreferenced_data, overlap, unreferenced_record, trailing_data")},
         name=_STR, offset=_INT, length=_INT),
-    "WeightsOnly": _obj(loadable={"type": "boolean"}, error=_NSTR, error_type=_NSTR,
-                        unsafe_globals={"type": "array", "items": _STR}, safe_globals_hint=_NSTR),
+    "WeightsOnly": _with_optional(
+        _obj(loadable={"type": "boolean"}, error=_NSTR, error_type=_NSTR,
+             unsafe_globals={"type": "array", "items": _STR}, safe_globals_hint=_NSTR),
+        # added after schema v1's first reports: a stored report from before lacks it
+        policy_accepts={"type": "boolean", "description": (
+            "would torch's restricted unpickler accept every pickle inside (`loadable` is "
+            "torch.load's literal answer on this very file)")}),
     "Report": {
         **_obj(
             schema_version={"type": "integer", "const": 1},

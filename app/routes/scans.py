@@ -93,6 +93,8 @@ class TensorRow(BaseModel):
     requires_grad: bool
     data_offset: int | None
     nbytes: int
+    record: str | None = None
+    flags: list[str] = []
 
 
 class DtypeTotal(BaseModel):

@@ -89,6 +89,27 @@ def _documented(doc: dict[str, Any]) -> set[tuple[str, int]]:
     return out
 
 
+def test_openapi_documents_every_field_a_report_and_a_tensor_page_carry(client: TestClient) -> None:
+    """Every key of a real report's objects and rows (a torch zip: tensors, storages, regions),
+    and of the tensor page's rows, is a property of its schema in /openapi.json."""
+    from ckptguard.app.routes.scans import TensorRow
+    from ckptguard.core.report import TensorEntry
+    from tests.builders.torchlayout import state_dict, torch_layout, v2
+
+    schemas = client.get("/openapi.json").json()["components"]["schemas"]
+    pickled = state_dict(("w", v2("0")), extra=[])
+    report = scan_bytes(torch_layout("a", pickled, [("0", bytes(8))])).to_json()
+    assert report["tensors"] and report["storages"] and report["regions"]
+    for key, schema in (("tensors", "Tensor"), ("storages", "Storage"), ("regions", "Region"),
+                        ("globals", "Global")):
+        for row in report[key]:
+            assert set(row) <= set(schemas[schema]["properties"]), (key, set(row))
+    assert set(report["weights_only"]) <= set(schemas["WeightsOnly"]["properties"])
+    # the tensor page's rows are the manifest's rows and their place in it
+    assert set(TensorRow.model_fields) == {*TensorEntry._fields, "index"}
+    assert set(schemas["TensorRow"]["properties"]) == {*TensorEntry._fields, "index"}
+
+
 def test_openapi_names_the_report_every_problem_and_the_bearer_scheme(client: TestClient) -> None:
     doc = client.get("/openapi.json").json()
     schemas = doc["components"]["schemas"]
