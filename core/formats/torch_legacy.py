@@ -176,7 +176,8 @@ class _Stream:
                 blocks = _blocks(main)
                 keys = self.key_list(scans[4], blocks)
                 sites = self.locate(keys, blocks, pos) if keys is not None else {}
-            build_manifest(main.root, SiteTable(sites), an, persids=main.vm.persids)
+            build_manifest(main.root, SiteTable(sites), an, persids=main.vm.persids,
+                           built=main.weights_only.built)
             for site_key, site in sites.items():
                 add_region(an.map_regions, "tensor_data", f"storage {site_key}", site.data_offset,
                            site.record_nbytes or 0)

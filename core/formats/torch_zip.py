@@ -235,7 +235,7 @@ def analyze_zip(source: ByteSource, directory: ZipDirectory, an: Analysis) -> No
     if not is_torchscript:
         sites = _storage_sites(source, directory, prefix, meta, locals_, storages, an)
         build_manifest(scan.root, SiteTable(sites), an, record=pkl_name,
-                       persids=scan.vm.persids)
+                       persids=scan.vm.persids, built=scan.weights_only.built)
         _flag_unreferenced(directory, prefix, {k for k, _ in storages}, an)
     if meta.get("byteorder") == b"big":
         an.add(Code.TORCH_BIG_ENDIAN, "storages are big-endian", record=f"{prefix}/byteorder")

@@ -53,7 +53,7 @@ general one (tests/core/manifest).
 from __future__ import annotations
 
 import gc
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -67,6 +67,7 @@ from ckptguard.core.torch.dtypes import (
     PACKED_PER_BYTE,
 )
 from ckptguard.core.torch.rules import INT64_MAX, INT64_MIN, may_require_grad, storage_class_dtype
+from ckptguard.core.torch.tensor_build import TensorView
 from ckptguard.core.values import Call, Global, PersId
 
 
@@ -141,7 +142,8 @@ _Storage = tuple[StorageEntry, int, int, Any]
 
 
 def build_manifest(root: Any, locator: StorageLocator, an: Analysis, *,
-                   record: str | None = None, persids: Iterable[PersId] = ()) -> None:
+                   record: str | None = None, persids: Iterable[PersId] = (),
+                   built: Mapping[int, tuple[TensorView, bool]] | None = None) -> None:
     """Append the tensors reachable from `root` to `an`, and the storages of every
     persistent id in `persids` (the pickle's, in order) and of those tensors.
 
@@ -155,6 +157,10 @@ def build_manifest(root: Any, locator: StorageLocator, an: Analysis, *,
     >>> an.tensors[0].name, an.tensors[0].data_offset
     ('weight', 1088)
 
+    `built`: the tensors a BUILD changed (`Tensor.set_`, `Parameter.__setstate__`), by the
+    offset of their rebuild call, as the weights-only replay saw torch end up with them
+    (`WeightsOnlyResult.built`): those entries follow it, not their rebuild arguments.
+
     Never raises on malformed input except `LimitExceeded(LIMIT_TENSORS)`.
     """
     # A 100k-tensor graph makes the cyclic GC rescan it over and over (1.5 s instead of
@@ -162,7 +168,7 @@ def build_manifest(root: Any, locator: StorageLocator, an: Analysis, *,
     was_enabled = gc.isenabled()
     gc.disable()
     try:
-        builder = _Builder(locator, an, record)
+        builder = _Builder(locator, an, record, built or {})
         builder.preload(persids)
         builder.run(root)
     finally:
@@ -225,8 +231,10 @@ def _args(call: Call, low: int, high: int) -> tuple[Any, ...]:
 
 
 class _Builder:
-    def __init__(self, locator: StorageLocator, an: Analysis, record: str | None) -> None:
+    def __init__(self, locator: StorageLocator, an: Analysis, record: str | None,
+                 built: Mapping[int, tuple[TensorView, bool]]) -> None:
         self.locator = locator
+        self.built = built
         self.an = an
         self.record = record
         self.storages: dict[str, _Storage] = {}
@@ -447,7 +455,7 @@ class _Builder:
             shape = _ints(args[2], "size")
             stride = _ints(args[3], "stride")
             rg = _bool(rg, "requires_grad")
-            if outer.state and outer is node:
+            if outer.state and outer is node and outer.offset not in self.built:
                 shape, stride, offset, storage, view_byte, view_limit = self.rebuilt_by_build(
                     outer, name, shape, stride, offset, storage, view_byte, view_limit)
         elif name == "_rebuild_meta_tensor_no_storage":
@@ -482,6 +490,15 @@ class _Builder:
             rg = _bool(args[3], "requires_grad")
         if requires_grad is not None:
             rg = requires_grad
+        as_built = self.built.get(outer.offset) if outer.offset >= 0 else None
+        if as_built is not None:
+            view, rg = as_built
+            self.bad(f"{'.'.join(map(str, path)) or '<root>'}: a BUILD changed this tensor "
+                     "(Tensor.set_ / Parameter.__setstate__); the manifest follows torch", outer)
+            dtype, shape, stride, offset = view.dtype, list(view.shape), list(view.stride), view.offset
+            storage, view_byte, view_limit = None, 0, 0
+            if view.persid is not None:   # else set_() gave it a fresh storage of its own
+                storage, view_byte, view_limit = self.storage(view.persid, outer)
         if wrapper_kind is not None and kind == "tensor":
             kind = wrapper_kind
         self.emit(path, node, kind, dtype, shape, stride, offset, storage, view_byte, view_limit, rg,

@@ -47,6 +47,7 @@ from ckptguard.core.torch.rules import (
     set_requires_grad,
     unmodelled,
 )
+from ckptguard.core.torch.tensor_build import TensorView
 from ckptguard.core.values import Call, Global, PersId
 
 QSCHEMES = frozenset(("per_tensor_affine", "per_tensor_symmetric", "per_channel_affine",
@@ -202,9 +203,11 @@ def _dtype_of(v: Any) -> str | None:
 
 
 def _tensor(t: str, dtype: str | None, shape: tuple[int, ...] | None, func: Global, args: Any,
-            opcode: str, offset: int, requires_grad: bool = False) -> Call:
+            opcode: str, offset: int, requires_grad: bool = False, view: TensorView | None = None) -> Call:
     c = Call(func, args, opcode, offset)
     c.attrs.update(type=t, dtype=dtype, shape=shape, requires_grad=requires_grad)
+    if view is not None:   # a plain dense tensor: what a BUILD on it changes (core.torch.tensor_build)
+        c.attrs["view"] = view
     return c
 
 
@@ -256,8 +259,9 @@ def _storage_arg(v: Any, storage_of: StorageOf, attr: str) -> StorageInfo:
 def _rebuild_tensor(func: Global, args: tuple[Any, ...], so: StorageOf, opcode: str, off: int) -> Call:
     _arity("_rebuild_tensor", args, ("storage", "storage_offset", "size", "stride"))
     st = _storage_arg(args[0], so, "dtype")
-    shape = check_view(st, ITEMSIZE[st.dtype], args[1], args[2], args[3])
-    return _tensor("torch.Tensor", st.dtype, shape, func, args, opcode, off)
+    shape, stride = check_view(st, ITEMSIZE[st.dtype], args[1], args[2], args[3])
+    view = TensorView(st, args[0], st.dtype, args[1], shape, stride)
+    return _tensor("torch.Tensor", st.dtype, shape, func, args, opcode, off, view=view)
 
 
 def _rebuild_tensor_v2(func: Global, args: tuple[Any, ...], so: StorageOf, opcode: str,
@@ -265,10 +269,11 @@ def _rebuild_tensor_v2(func: Global, args: tuple[Any, ...], so: StorageOf, opcod
     _arity("_rebuild_tensor_v2", args, ("storage", "storage_offset", "size", "stride",
                                         "requires_grad", "backward_hooks", "metadata"), 1)
     st = _storage_arg(args[0], so, "dtype")
-    shape = check_view(st, ITEMSIZE[st.dtype], args[1], args[2], args[3])
+    shape, stride = check_view(st, ITEMSIZE[st.dtype], args[1], args[2], args[3])
     rg = set_requires_grad(args[4], st.dtype)
     _check_metadata(args[6] if len(args) > 6 else None, st.dtype)
-    return _tensor("torch.Tensor", st.dtype, shape, func, args, opcode, off, rg)
+    view = TensorView(st, args[0], st.dtype, args[1], shape, stride)
+    return _tensor("torch.Tensor", st.dtype, shape, func, args, opcode, off, rg, view)
 
 
 def _rebuild_tensor_v3(func: Global, args: tuple[Any, ...], so: StorageOf, opcode: str,
@@ -289,9 +294,10 @@ def _rebuild_tensor_v3(func: Global, args: tuple[Any, ...], so: StorageOf, opcod
             raise Fail("RuntimeError", _NO_GRAD)
         set_args(args[1], args[2], args[3])
         raise Fail("RuntimeError", _LEAF_IN_PLACE)
-    shape = check_view(st, ITEMSIZE[dtype], args[1], args[2], args[3])
+    shape, stride = check_view(st, ITEMSIZE[dtype], args[1], args[2], args[3])
     _check_metadata(args[7] if len(args) > 7 else None, dtype)
-    return _tensor("torch.Tensor", dtype, shape, func, args, opcode, off)
+    view = TensorView(st, args[0], dtype, args[1], shape, stride)
+    return _tensor("torch.Tensor", dtype, shape, func, args, opcode, off, view=view)
 
 
 def _rebuild_parameter(func: Global, args: tuple[Any, ...], so: StorageOf, opcode: str,
@@ -325,7 +331,13 @@ def _rebuild_parameter(func: Global, args: tuple[Any, ...], so: StorageOf, opcod
         raise Fail("RuntimeError", _NO_GRAD)
     if with_state:
         _set_obj_state(args[3], so)
-    return _tensor("torch.nn.parameter.Parameter", dtype, shape, func, args, opcode, off, rg)
+    # Parameter(data) views what data views (a detached alias): a later BUILD on data does not
+    # move it, an earlier one did (`built`: its view is no longer its arguments')
+    view = TensorView(None, None, "float32", 0, (0,), (1,)) if data is None else data.attrs.get("view")
+    c = _tensor("torch.nn.parameter.Parameter", dtype, shape, func, args, opcode, off, rg, view)
+    if data is not None and data.attrs.get("built"):
+        c.attrs["built"] = True
+    return c
 
 
 def _set_obj_state(state: Any, so: StorageOf) -> None:
@@ -427,7 +439,7 @@ def _rebuild_qtensor(func: Global, args: tuple[Any, ...], so: StorageOf, opcode:
         raise unmodelled(f"_rebuild_qtensor with qscheme {scheme}")
     if any(x < 0 for x in shape) or args[5] is not False or st.dtype not in _QDTYPES:
         raise unmodelled("_rebuild_qtensor with negative sizes, requires_grad or a non-q storage")
-    shape = check_view(st, ITEMSIZE[st.dtype], args[1], args[2], args[3], quantized=True)
+    shape, _ = check_view(st, ITEMSIZE[st.dtype], args[1], args[2], args[3], quantized=True)
     return _tensor("torch.Tensor", st.dtype, shape, func, args, opcode, off)
 
 
@@ -538,7 +550,7 @@ def _contiguous(shape: tuple[int, ...]) -> tuple[int, ...]:
 def _plain_view(v: Any, so: StorageOf) -> tuple[StorageInfo, str, tuple[int, ...], tuple[int, ...],
                                                  int] | None:
     """(storage, dtype, shape, stride, storage_offset) of a plain `_rebuild_tensor_v2` result."""
-    if not (isinstance(v, Call) and isinstance(v.func, Global)
+    if not (isinstance(v, Call) and isinstance(v.func, Global) and not v.attrs.get("built")
             and v.func.full == "torch._utils._rebuild_tensor_v2" and v.attrs.get("type") == "torch.Tensor"
             and not v.attrs.get("requires_grad") and isinstance(v.args, tuple) and len(v.args) >= 4):
         return None

@@ -184,7 +184,7 @@ _SET_OVERLOADS = (
     "      didn't match because some of the arguments have invalid types: {args}\n")
 
 
-def _matches_int_array(v: Any) -> bool:
+def matches_int_array(v: Any) -> bool:
     """The parser's type match for an int array: a torch.Size, or a tuple/list that is empty or
     whose *first* element is an int (a bool is not one there); later elements are checked
     only when unpacked (measured: (2, "a") matches, ("a", 2) and (True,) do not)."""
@@ -250,8 +250,8 @@ def set_args(offset: Any, size: Any, stride: Any) -> tuple[tuple[int, ...], tupl
     element, then the offset (measured with torch 2.13 over every triple of 13 kinds of
     argument: tests/differential/test_set_args_vs_torch.py).
     """
-    if not (is_int(offset) and _matches_int_array(size)
-            and (stride is None or _matches_int_array(stride))):
+    if not (is_int(offset) and matches_int_array(size)
+            and (stride is None or matches_int_array(stride))):
         raise _no_set_overload(offset, size, stride)
     strides = _unpacked("stride", stride) if stride is not None else ()
     shape = _unpacked("size", size)
@@ -263,8 +263,9 @@ def set_args(offset: Any, size: Any, stride: Any) -> tuple[tuple[int, ...], tupl
 
 
 def check_view(st: StorageInfo, itemsize: int, offset: Any, size: Any, stride: Any, *,
-                quantized: bool = False) -> tuple[int, ...]:
-    """`Tensor.set_(storage, offset, size, stride)` (FORMATS.md §2.6); grows a resizable storage."""
+                quantized: bool = False) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """`Tensor.set_(storage, offset, size, stride)` (FORMATS.md §2.6); grows a resizable storage.
+    Returns the view's (shape, stride), as the tensor then has them."""
     shape, strides = set_args(offset, size, stride)
     if not strides and shape:
         # an empty stride means "not given": set_ uses contiguous strides (measured)
@@ -287,7 +288,7 @@ def check_view(st: StorageInfo, itemsize: int, offset: Any, size: Any, stride: A
     if numel >= INT64_SAFE:
         raise unmodelled("element count near int64 overflow")
     if numel == 0:
-        return shape
+        return shape, strides
     if any(s < 0 for s in strides):
         raise Fail("RuntimeError", f"Storage size calculation overflowed with sizes={list(shape)} and "
                    f"strides={list(strides)}")
@@ -308,7 +309,7 @@ def check_view(st: StorageInfo, itemsize: int, offset: Any, size: Any, stride: A
         if st.capacity is None:
             raise Fail("RuntimeError", "Trying to resize storage that is not resizable")
         st.capacity.nbytes = needed   # set_ resizes the storage to exactly what the view needs
-    return shape
+    return shape, strides
 
 
 def int_list_text(values: tuple[int, ...]) -> str:

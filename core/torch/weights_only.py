@@ -58,6 +58,7 @@ from ckptguard.core.torch.rules import (
     StorageInfo,
     restorable,
 )
+from ckptguard.core.torch.tensor_build import TensorView, build_parameter, build_tensor
 from ckptguard.core.torch.user_models import (
     check_numpy_state,
     check_partial_state,
@@ -155,6 +156,9 @@ class WeightsOnlyResult:
     # legacy: key -> (dtype, byte size) of every storage torch's deserialized_objects holds
     # once the pickle is read (views are slices; a root grows when a view runs past its end)
     deserialized: dict[Any, tuple[str, int]] | None = None
+    # offset of a tensor's rebuild call -> (its view, requires_grad) as torch ends up with it,
+    # for every tensor a BUILD changed (the manifest describes those from here)
+    built: dict[int, tuple[TensorView, bool]] = field(default_factory=dict)
 
 
 _U32 = struct.Struct("<I")
@@ -235,6 +239,7 @@ class _Emulator:
         self.hash_memo: HashMemo = {}     # tuples found hashable, kept alive (ids stay unique)
         self.hash_visits = 0              # tuple visits of every dict key hashed so far
         self.build_keys = 0               # keys of every OrderedDict BUILD state so far
+        self.built: dict[int, Call] = {}   # offset -> a tensor whose view a BUILD changed
         self.loaded: dict[Any, StorageInfo] = {}      # torch's loaded_storages / deserialized_objects
         self.info: dict[int, StorageInfo] = {}        # id(PersId) -> the storage it stands for
         self.keep: list[PersId] = []
@@ -499,7 +504,10 @@ class _Emulator:
             if func.full == "torch._utils._rebuild_nested_tensor":   # needs the metadata's bytes
                 return rebuild_nested_tensor(func, args, self.storage_of, "REDUCE", self.op_offset,
                                              getattr(self.resolver, "read", None))
-            return call_allowed(func, args, self.storage_of, "REDUCE", self.op_offset)
+            result = call_allowed(func, args, self.storage_of, "REDUCE", self.op_offset)
+            if result.attrs.get("built"):   # a Parameter or subclass of a tensor a BUILD moved
+                self.built[result.offset] = result
+            return result
         except Fail as exc:
             raise self.fail(exc.type, exc.message) from None
 
@@ -551,6 +559,15 @@ class _Emulator:
             return
         if isinstance(inst, Call) and inst.attrs.get("user"):
             inst.state.append(state)
+            return
+        if isinstance(inst, Call) and t in ("torch.Tensor", "torch.nn.parameter.Parameter"):
+            build = build_tensor if t == "torch.Tensor" else build_parameter
+            try:   # Tensor.set_(*state) / Parameter.__setstate__(state)
+                build(inst, state, lambda v: type_name(v, self.storage_of), self.storage_of)
+            except Fail as exc:
+                raise self.fail(exc.type, exc.message) from None
+            inst.state.append(state)
+            self.built[inst.offset] = inst
             return
         if t in ALLOWED_GLOBALS or f"builtins.{t}" in ALLOWED_GLOBALS or t in self.allowed:
             raise self.fail("Unmodelled", f"not modelled: BUILD on {t}")
@@ -715,6 +732,10 @@ class _Emulator:
         self.loaded[view_key] = sliced
         return sliced
 
+    def built_views(self) -> dict[int, tuple[TensorView, bool]]:
+        return {offset: (c.attrs["view"], bool(c.attrs.get("requires_grad")))
+                for offset, c in self.built.items()}
+
     def deserialized(self) -> dict[Any, tuple[str, int]] | None:
         if not self.legacy:
             return None
@@ -745,7 +766,7 @@ def emulate(data: bytes | memoryview, *, allow: frozenset[str] = frozenset(),
     try:
         root = em.run()
         return WeightsOnlyResult(True, None, root, em.storages, em.r.pos, em.protocol,
-                                 deserialized=em.deserialized())
+                                 deserialized=em.deserialized(), built=em.built_views())
     except _Stop as stop:
         error = stop.error
     except RecursionError:
