@@ -168,7 +168,8 @@ class Code(StrEnum):
     TORCH_TENSOR_OUT_OF_BOUNDS = ("TORCH_TENSOR_OUT_OF_BOUNDS", _H, _S,
                                   "a tensor view reaches outside its storage")
     TORCH_BAD_TENSOR_ARGS = ("TORCH_BAD_TENSOR_ARGS", _M, _S,
-                             "a tensor rebuild call has arguments torch would reject")
+                             "a tensor rebuild call has arguments torch would reject, or a BUILD "
+                             "re-points the tensor it made (torch.save never writes one)")
     TORCH_UNREFERENCED_RECORD = ("TORCH_UNREFERENCED_RECORD", _M, _S,
                                  "an archive record no storage refers to (hidden payload?)")
     TORCH_BAD_VERSION = "TORCH_BAD_VERSION", _M, _S, "the archive version record is missing or invalid"

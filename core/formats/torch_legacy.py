@@ -139,6 +139,7 @@ class _Stream:
         self.source = source
         self.an = an
         self.error: TorchError | None = None
+        self.at_bad_key: TorchError | None = None   # fails once the blocks before it are read
 
     def fail(self, error: TorchError) -> None:
         if self.error is None:     # torch stops at its first exception
@@ -176,6 +177,8 @@ class _Stream:
                 blocks = _blocks(main)
                 keys = self.key_list(scans[4], blocks)
                 sites = self.locate(keys, blocks, pos) if keys is not None else {}
+                if self.at_bad_key is not None:
+                    self.fail(self.at_bad_key)
             build_manifest(main.root, SiteTable(sites), an, persids=main.vm.persids,
                            built=main.weights_only.built)
             for site_key, site in sites.items():
@@ -216,13 +219,15 @@ class _Stream:
             return None
         if len(keys) > limit:
             raise LimitExceeded(Code.LIMIT_TENSORS, f"more than {limit} storage keys")
+        # torch checks each key as it reads its block: a bad key fails only once the blocks
+        # before it were read (and their sizes checked), so its error waits for them
         for key in keys:
             if type(key) in (list, dict, set, bytearray):
-                self.fail(TorchError("TypeError", f"unhashable type: '{type(key).__name__}'"))
+                self.at_bad_key = TorchError("TypeError", f"unhashable type: '{type(key).__name__}'")
                 return keys[: keys.index(key)]
             if _hashable(key) not in blocks:
-                self.fail(TorchError("AssertionError",
-                                     f"storage key {_py_repr(key)} not found in deserialized_objects"))
+                self.at_bad_key = TorchError(
+                    "AssertionError", f"storage key {_py_repr(key)} not found in deserialized_objects")
                 self.an.add(Code.TORCH_BAD_LEGACY_STREAM,
                             f"storage key {_py_repr(key)[:80]} is not used by the pickle")
                 return keys[: keys.index(key)]
