@@ -318,7 +318,7 @@ class _Builder:
     def fast_v2(self, path: _Path, call: Call) -> bool:
         """The common case (a plain `_rebuild_tensor_v2` on a known storage) inline; False: not it."""
         args = call.args
-        if type(args) is not tuple or len(args) != 6 or call.state:
+        if type(args) is not tuple or len(args) != 6 or call.state or call.offset in self.built:
             return False   # a 7th argument is metadata (conj/neg bits): the general path
         pid, offset, shape, stride, rg = args[0], args[1], args[2], args[3], args[4]
         if type(pid) is not PersId or type(offset) is not int or offset < 0 or type(rg) is not bool \

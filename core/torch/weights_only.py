@@ -5,7 +5,8 @@ over the same restricted opcode set, on inert values (core.values): GLOBAL pushe
 `Global` after the allow/block policy, REDUCE/NEWOBJ push `Call` nodes typed with the
 class torch would produce (core.torch.callables checks the callee's arguments), BINPERSID
 replays `serialization._load.persistent_load` (or `_legacy_load`'s) against a
-`StorageResolver`. The first failure ends the run with the exception torch would raise,
+`StorageResolver`, BUILD on a Tensor/Parameter replays `set_(*state)` / `__setstate__`
+(core.torch.tensor_build). The first failure ends the run with the exception torch would raise,
 in torch's words; shapes of input we did not measure end it with type "Unmodelled".
 Limits end it with type "LimitExceeded" (never an exception out of `emulate`).
 

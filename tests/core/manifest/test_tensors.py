@@ -294,6 +294,28 @@ def test_build_on_tensor_repoints_it() -> None:
     assert Code.TORCH_BAD_TENSOR_ARGS in codes(an)
 
 
+def test_a_tensor_the_replay_saw_built_is_listed_as_torch_ends_up_with_it() -> None:
+    # the weights-only replay's view wins over the rebuild arguments and the raw BUILD state:
+    # a parameter (its call's offset) on storage "1" at offset 2, shape [3], requiring grad
+    from ckptguard.core.torch.rules import StorageInfo
+    from ckptguard.core.torch.tensor_build import TensorView
+
+    inner = v2(pid("0", FLOAT, 6))
+    param = Call(Global(U, "_rebuild_parameter"), (inner, False, Call(OD, ())), offset=40)
+    param.state.append(("ignored",))
+    view = TensorView(StorageInfo("1", "float32", 32), pid("1", FLOAT, 8), "float32", 2, (3,), (1,))
+    fresh = Call(V2, inner.args, offset=60)   # set_(): a fresh storage of its own
+    an = Analysis()
+    build_manifest({"p": param, "t": fresh}, Sites(), an, record="archive/data.pkl",
+                   built={40: (view, True), 60: (TensorView(None, None, "float32", 0, (0,), (1,)), False)})
+    p, t = an.tensors
+    assert (p.kind, p.storage, p.dtype, p.storage_offset, p.shape, p.stride, p.requires_grad) == (
+        "parameter", "1", "float32", 2, [3], [1], True)
+    assert (p.data_offset, p.nbytes) == (1100 + 8, 12)
+    assert (t.storage, t.shape, t.data_offset, t.nbytes) == (None, [0], None, 0)
+    assert codes(an).count(Code.TORCH_BAD_TENSOR_ARGS) == 2   # each BUILD is said
+
+
 def test_wrapper_chain_is_bounded() -> None:
     node: Any = v2()
     for _ in range(100):
