@@ -368,6 +368,10 @@ class _Builder:
             self.bad(f"{'.'.join(map(str, path)) or '<root>'}: {exc}", call)
 
     def _tensor(self, path: _Path, call: Call, push: Any) -> None:
+        as_built = self.built.get(call.offset) if call.offset >= 0 else None
+        if as_built is not None:
+            self.built_tensor(path, call, *as_built, push)
+            return
         wrapper_kind: str | None = None
         requires_grad: bool | None = None
         attrs: list[Any] = []
@@ -455,7 +459,7 @@ class _Builder:
             shape = _ints(args[2], "size")
             stride = _ints(args[3], "stride")
             rg = _bool(rg, "requires_grad")
-            if outer.state and outer is node and outer.offset not in self.built:
+            if outer.state and outer is node:
                 shape, stride, offset, storage, view_byte, view_limit = self.rebuilt_by_build(
                     outer, name, shape, stride, offset, storage, view_byte, view_limit)
         elif name == "_rebuild_meta_tensor_no_storage":
@@ -490,21 +494,44 @@ class _Builder:
             rg = _bool(args[3], "requires_grad")
         if requires_grad is not None:
             rg = requires_grad
-        as_built = self.built.get(outer.offset) if outer.offset >= 0 else None
-        if as_built is not None:
-            view, rg = as_built
-            self.bad(f"{'.'.join(map(str, path)) or '<root>'}: a BUILD changed this tensor "
-                     "(Tensor.set_ / Parameter.__setstate__); the manifest follows torch", outer)
-            dtype, shape, stride, offset = view.dtype, list(view.shape), list(view.stride), view.offset
-            storage, view_byte, view_limit = None, 0, 0
-            if view.persid is not None:   # else set_() gave it a fresh storage of its own
-                storage, view_byte, view_limit = self.storage(view.persid, outer)
         if wrapper_kind is not None and kind == "tensor":
             kind = wrapper_kind
         self.emit(path, node, kind, dtype, shape, stride, offset, storage, view_byte, view_limit, rg,
                   flags)
         for seg, value in reversed(components):
             push(((*path, seg), value))
+
+    def built_tensor(self, path: _Path, call: Call, view: TensorView, rg: bool, push: Any) -> None:
+        """A tensor a BUILD changed, as the weights-only replay saw torch end up with it: its
+        view, not its rebuild arguments (which torch accepted, or the replay would have
+        stopped); the kind and python attributes still come from its rebuild call."""
+        self.bad(f"{'.'.join(map(str, path)) or '<root>'}: a BUILD changed this tensor "
+                 "(Tensor.set_ / Parameter.__setstate__); the manifest follows torch", call)
+        name, args = call.func.name, call.args if type(call.args) is tuple else ()
+        kind, attrs, base = "tensor", [], call
+        if name in ("_rebuild_parameter", "_rebuild_parameter_with_state"):
+            kind, attrs = "parameter", list(args[3:4])
+            base = args[0] if args and type(args[0]) is Call and type(args[0].func) is Global else call
+        elif call.func == FROM_TYPE_V2 and len(args) == 4 and type(args[1]) is Global:
+            kind = {"torch.Tensor": "tensor", "torch.nn.parameter.Parameter": "parameter"}.get(
+                args[1].full, "subclass")
+            attrs = [args[3]]
+        # the metadata argument (conj/neg bits) of the tensor rebuild under it, if any
+        at = {"_rebuild_tensor_v2": 6, "_rebuild_tensor_v3": 7}.get(base.func.name)
+        metadata = base.args[at] if at and type(base.args) is tuple and len(base.args) == at + 1 else None
+        storage, view_byte, view_limit = None, 0, 0
+        if view.persid is not None:   # else set_() gave it a fresh storage of its own
+            try:
+                storage, view_byte, view_limit = self.storage(view.persid, call)
+            except _Bad as exc:
+                self.bad(f"{'.'.join(map(str, path)) or '<root>'}: {exc}", call)
+                return
+        self.emit(path, call, kind, view.dtype, list(view.shape), list(view.stride), view.offset, storage,
+                  view_byte, view_limit, rg, _flags(metadata))   # set_ keeps the conj/neg bits
+        for state in reversed(attrs):
+            for part in reversed(state if type(state) is tuple else (state,)):
+                if type(part) is dict:
+                    push_all(push, path, part)
 
     def emit(self, path: _Path, node: Call, kind: str, dtype: str, shape: list[int],
              stride: list[int], offset: int, storage: _Storage | None, view_byte: int,

@@ -337,8 +337,8 @@ def build_parameter(inst: Call, state: Any, tname: TypeName, so: StorageOf) -> N
     """`Tensor.__setstate__(inst, state)` on an nn.Parameter; updates `inst` likewise."""
     if "view" not in inst.attrs:
         raise unmodelled("BUILD on a parameter of a quantized, sparse, nested or meta tensor")
-    if not inst.attrs.get("leaf", True):
-        raise Fail("RuntimeError", "__setstate__ can be only called on leaf Tensors")
+    # (`__setstate__`'s leaf check never fails here: a Parameter is made a leaf, and only
+    # `set_(tensor)` with one argument, which a Parameter's BUILD cannot pass, makes a non-leaf)
     items = _Items(state, tname, so)
     n = items.length()
     if n == 4:   # whatever has a len() iterates: never the star-argument message

@@ -194,8 +194,8 @@ def _torch(data: bytes) -> tuple[tuple[bool, str | None, str | None], Any]:
     return (True, None, None), loaded["x"]
 
 
-def _compare_manifest(report: Any, data: bytes, x: Any, case: str) -> None:
-    entries = [t for t in report.tensors if t.path == ["x"]]
+def _compare_manifest(report: Any, data: bytes, x: Any, case: str, key: str = "x") -> None:
+    entries = [t for t in report.tensors if t.path == [key]]
     assert len(entries) == 1, case
     e = entries[0]
     assert (e.dtype, e.shape, e.stride, e.storage_offset, e.requires_grad) == (
@@ -270,3 +270,70 @@ def test_dtype_names_of_sets_checks_are_torchs() -> None:
         st = torch.storage.TypedStorage(2, dtype=getattr(torch, dtype))
         assert refusal(lambda: torch.empty(0, dtype=torch.int8 if dtype != "int8" else torch.float32)  # noqa: B023
                        .set_(st)).endswith(f"got type {SCALAR_NAME[dtype]} for argument 1 'storage'")  # noqa: B023
+
+
+def _call(func: str, *args: Ops) -> Ops:
+    return [("GLOBAL", *func.rsplit(".", 1)), "MARK", *itertools.chain(*args), "TUPLE", "REDUCE"]
+
+
+def _entries(*pairs: tuple[str, Ops]) -> Ops:
+    return ["EMPTY_DICT", "MARK", *itertools.chain(*([("BINUNICODE", k), *ops] for k, ops in pairs)),
+            "SETITEMS"]
+
+
+def _build(inst: Ops, *states: Ops) -> Ops:
+    return [*inst, *itertools.chain(*([*st, "BUILD"] for st in states))]
+
+
+_T = INSTANCES["tensor"]
+_P = INSTANCES["param"]
+_PARAM = "torch._utils._rebuild_parameter"
+_FROM_TYPE = "torch._tensor._rebuild_from_type_v2"
+_V2_ARGS = [*pid("0"), _int(0), *ints((8,)), *ints((1,)), "NEWFALSE", *od()]
+SEQUENCES: dict[str, Ops] = {
+    "two BUILDs": _entries(("x", _build(_T, _tuple(("S1",)), _tuple(("S0", "2", "(2,)"))))),
+    "a BUILD, then the tensor is a parameter's data": _entries(
+        ("t", [*_build(_T, _tuple(("S1",))), ("BINPUT", 9)]),
+        ("p", _call(_PARAM, [("BINGET", 9)], ["NEWTRUE"], od()))),
+    "a parameter of the tensor, then a BUILD on the tensor": _entries(
+        ("t", [*_T, ("BINPUT", 9)]), ("p", _call(_PARAM, [("BINGET", 9)], ["NEWFALSE"], od())),
+        ("u", [("BINGET", 9), *_tuple(("S1",)), "BUILD"])),
+    "set_ to itself": _entries(("x", [*_T, ("BINPUT", 3), "MARK", ("BINGET", 3), "TUPLE", "BUILD"])),
+    "set_ to a view of its own storage": _entries(
+        ("x", [*_T, ("BINPUT", 3), "MARK", ("BINGET", 3), *ITEMS["2"], *ITEMS["(2,)"], *ITEMS["(1,)"],
+               "TUPLE", "BUILD"])),
+    "from_type_v2 to Tensor": _entries(
+        ("x", _build(_call(_FROM_TYPE, [("GLOBAL", "torch._utils", "_rebuild_tensor_v2")],
+                           [("GLOBAL", "torch", "Tensor")], ["MARK", *_V2_ARGS, "TUPLE"], ["EMPTY_DICT"]),
+                     _tuple(("S1", "2", "(2,)"))))),
+    "Parameter(None)": _entries(("x", _build(_call(_PARAM, ["NONE"], ["NEWFALSE"], od()),
+                                             _tuple(("True", "None", "None"))))),
+    "a row of a tensor that requires grad": _entries(
+        ("x", _build(_T, ["MARK", *v2("1", (1, 4), (4, 1), rg=True), "TUPLE"]))),
+    "no leaf, then set_": _entries(("x", _build(_T, _tuple(("TRG",)), _tuple(("S0",))))),
+    "an OrderedDict of 5 items": _entries(("x", _build(_P, [
+        *od(), "MARK", _int(0), *ITEMS["TF"], _int(2), _int(0), _int(3), "NEWTRUE", _int(4), _int(0),
+        _int(-1), _int(0), "SETITEMS"]))),
+    "a Counter of 5 items": _entries(("x", _build(_P, [("GLOBAL", "collections", "Counter"), "EMPTY_TUPLE",
+                                                       "REDUCE", "MARK", *itertools.chain(*(
+                                                           [_int(k), _int(0)] for k in (9, 2, 3, 4, 5))),
+                                                       "SETITEMS"]))),
+}
+
+
+@pytest.mark.parametrize("name", SEQUENCES)
+def test_builds_in_sequence_answer_as_torch(name: str) -> None:
+    """Several BUILDs, memoized tensors and wrappers: each entry is the tensor torch holds."""
+    data = torch_layout("archive", asm(("PROTO", 2), *SEQUENCES[name], "STOP"), sorted(RECORDS.items()))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            loaded = torch.load(io.BytesIO(data), weights_only=True)
+            want: tuple[bool, str | None, str | None] = (True, None, None)
+        except Exception as exc:   # torch's refusal is the oracle's answer
+            want, loaded = (False, type(exc).__name__, torch_first_line(exc)), {}
+    report = scan_bytes(data)
+    wo = report.weights_only
+    assert (wo.loadable, wo.error_type, wo.error) == want
+    for key, x in loaded.items():
+        _compare_manifest(report, data, x, name, key)
