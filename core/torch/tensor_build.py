@@ -23,7 +23,8 @@ first line (what the report keeps); the overload list of "invalid combination" i
 
 Unmodelled (narrowly): BUILD on a quantized, sparse, nested or meta tensor; iterating a set of
 two or more items (its order is the hash seed's); states holding values whose type we do not
-name.
+name; more than 10,000 arguments or elements (torch's line would name each); the int64-edge
+sizes and offsets `set_args`/`check_view` leave Unmodelled for every rebuild too.
 """
 
 from __future__ import annotations
@@ -243,6 +244,8 @@ def tensor_call(like: Call, view: TensorView, t: str, requires_grad: bool) -> Ca
 # --- Tensor.set_(*args) ----------------------------------------------------------------------
 
 def _invalid(names: list[str]) -> Fail:
+    if len(names) > _ELEMENTS_MAX:   # torch names every argument: we do not build that line
+        return unmodelled("set_() with more than 10,000 arguments")
     return Fail("TypeError", "set_() received an invalid combination of arguments - got "
                 f"({', '.join(names)}), but expected one of:")
 
