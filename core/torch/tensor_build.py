@@ -127,6 +127,11 @@ class _Items:
             if not shape:
                 raise Fail("TypeError", "len() of a 0-d tensor")
             return shape[0]
+        if self.t == "torch.storage.TypedStorage":   # its elements, without reading them
+            st = self.so(self.state)
+            if st is None or st.dtype in PACKED_PER_BYTE:
+                raise unmodelled("the length of this storage")
+            return st.nbytes_now // ITEMSIZE[st.dtype]
         return len(self.items())
 
     def items(self) -> list[Any]:
@@ -352,12 +357,12 @@ def build_parameter(inst: Call, state: Any, tname: TypeName, so: StorageOf) -> N
         _set_data(inst, data, tname)
         state = (items.index(3), items.index(4), items.index(2))
         items = _Items(state, tname, so)
-    values = items.items()
-    if len(values) != 3:
-        if len(values) < 3:
-            raise Fail("ValueError", f"not enough values to unpack (expected 3, got {len(values)})")
+    count = items.length()
+    if count != 3:
+        if count < 3:
+            raise Fail("ValueError", f"not enough values to unpack (expected 3, got {count})")
         raise Fail("ValueError", "too many values to unpack (expected 3)")
-    rg = values[0]
+    rg = items.items()[0]
     if not isinstance(rg, bool):
         raise Fail("RuntimeError", "requires_grad must be a bool")
     if rg and inst.attrs.get("dtype") not in FLOATING:
