@@ -1,8 +1,8 @@
 """Which local/central header differences make real readers read other bytes or names?
 
 Differential: each archive is read by torch 2.13's reader (PyTorchFileReader: miniz), Python's
-zipfile, Info-ZIP `unzip -p` and Java's streaming ZipInputStream (the last two when installed),
-and core.zip.checks' verdict is checked against what they did:
+zipfile, Info-ZIP `unzip -p`, Java's streaming ZipInputStream and 7-Zip's `7z x` (the last three
+when installed), and core.zip.checks' verdict is checked against what they did:
 
 * ZIP_LOCAL_CENTRAL_COSMETIC (a note) or no finding: no reader reads other bytes or another
   name than torch reads; a reader may refuse or warn (unzip's exit status, a Java exception);
@@ -15,6 +15,7 @@ picks, reads the same bytes.
 from __future__ import annotations
 
 import io
+import os
 import shutil
 import struct
 import subprocess
@@ -33,6 +34,7 @@ from ckptguard.core.io.source import BytesSource
 from ckptguard.core.state import Analysis
 from ckptguard.core.zip.checks import check_archive
 from ckptguard.core.zip.directory import read_directory, read_local_headers
+from tests.components import missing
 from tests.core.zip.zipbuild import Member, build_zip
 
 torch = pytest.importorskip("torch")
@@ -119,6 +121,28 @@ def _unzip(path: Path, name: bytes) -> Read:
     done = subprocess.run(["unzip", "-p", str(path), name], capture_output=True, timeout=60,
                           check=False)
     return Read(name, done.stdout) if done.returncode in (0, 1, 2) and done.stdout else Read(None, None)
+
+
+def _sevenzip(path: Path, out: Path, *, keep: str = "-aoa") -> dict[bytes, bytes | None]:
+    """`7z x` into `out`, as people unpack an archive: each extracted file under ex/data/ (or
+    ex/DATA/) by its name. On a header error 7-Zip leaves an empty file and exits 2: that is a refusal
+    (None). `keep` picks among entries of one name: -aoa overwrites (the last one wins),
+    -aos skips (the first one wins). `7z x -so` is not used: like `unzip -p` it writes every
+    entry of the name one after another."""
+    shutil.rmtree(out, ignore_errors=True)
+    done = subprocess.run(["7z", "x", "-y", keep, f"-o{out}", str(path)], capture_output=True,
+                          timeout=60, check=False)
+    found = [f for f in sorted(out.rglob("*"))
+             if f.is_file() and f.relative_to(out).as_posix().lower().startswith("ex/data/")]
+    return {os.fsencode(f.relative_to(out).as_posix()):
+            f.read_bytes() if done.returncode == 0 or f.stat().st_size else None for f in found}
+
+
+def _sevenzip_record(path: Path, out: Path) -> Read:
+    reads = _sevenzip(path, out)
+    assert len(reads) <= 1, reads
+    return next((Read(name, data) if data is not None else Read(None, None)
+                 for name, data in reads.items()), Read(None, None))
 
 
 @pytest.fixture(scope="session")
@@ -212,6 +236,7 @@ def test_the_split_follows_what_torch_zipfile_unzip_and_java_read(
         reads = [_torch(paths[label], variant.name), _zipfile(blob)]
         reads += [_unzip(paths[label], variant.name)] if has_unzip else []
         reads += java.get(label, [])
+        reads += [_sevenzip_record(paths[label], tmp_path / "7z")] if shutil.which("7z") else []
         assert reads[0].data == variant.data, label   # torch reads the central directory's bytes
         if expected is Code.ZIP_LOCAL_CENTRAL_MISMATCH and has_unzip and java_reader is not None:
             assert _disagree(reads), f"{label}: no two readers disagree: {reads}"
@@ -253,7 +278,30 @@ def test_a_note_never_hides_readers_that_disagree(tmp_path: Path, variant: Varia
     reads = [_torch(path, variant.name), _zipfile(blob)]
     if shutil.which("unzip") is not None:
         reads.append(_unzip(path, variant.name))
+    if shutil.which("7z") is not None:
+        reads.append(_sevenzip_record(path, tmp_path / "7z"))
     assert not _disagree(reads), (variant, codes, reads)
+
+
+def test_sevenzip_reads_torchs_bytes_or_refuses_unless_the_split_says_mismatch(tmp_path: Path) -> None:
+    """7-Zip checks each local header against its central entry: measured, it refuses (exit 2,
+    "Headers Error", an empty file) on a differing name, method, sizes, CRC or most flag bits,
+    and reads the central directory's bytes where it goes on (data-descriptor bit, the UTF-8
+    flag). So it never reads other bytes where the split says cosmetic."""
+    if shutil.which("7z") is None:
+        missing("7-Zip (7z, Debian package p7zip-full) is not installed")
+    refused = []
+    for label, (variant, expected) in MATRIX.items():
+        path = tmp_path / f"{label}.zip"
+        path.write_bytes(variant.archive())
+        seven = _sevenzip_record(path, tmp_path / "7z")
+        if expected is None:
+            assert seven == Read(variant.name, variant.data), label
+        if expected is not Code.ZIP_LOCAL_CENTRAL_MISMATCH:
+            assert not _disagree([_torch(path, variant.name), seven]), (label, seven)
+        if seven.data is None:
+            refused.append(label)
+    assert "local CRC" in refused and "name, same length" in refused, refused
 
 
 # --- duplicate names ------------------------------------------------------------------------
@@ -284,6 +332,27 @@ def test_duplicates_are_a_note_only_when_every_reader_reads_the_same_bytes(
         for name in {name for _, _, _, name in copies}:
             if same:
                 assert bytes(reader.get_record(name.decode()[3:])) == z.read(name.decode())
+    if same and shutil.which("7z") is not None:   # 7-Zip's first and last pick
+        torch_reads = {name: bytes(reader.get_record(name.decode()[3:]))
+                       for _, _, _, name in copies}
+        for keep in ("-aos", "-aoa"):
+            assert _sevenzip(path, tmp_path / "7z", keep=keep) == torch_reads, (keep, copies)
+
+
+def test_sevenzip_picks_the_first_or_the_last_of_a_duplicate_name(tmp_path: Path) -> None:
+    """`7z x` writes every entry of a name to one file: with -aoa the last one stays, with
+    -aos the first. Two copies with other bytes: the pick depends on a flag, so the split's
+    ZIP_DUPLICATE_NAME (unsafe) is right; identical copies read the same either way."""
+    if shutil.which("7z") is None:
+        missing("7-Zip (7z, Debian package p7zip-full) is not installed")
+    for first, last in ((b"A" * 40, b"B" * 40), (b"A" * 40, b"A" * 40)):
+        blob = build_zip([Member("ex/data.pkl", b"\x80\x02N."), Member("ex/data/0", first),
+                          Member("ex/data/0", last)])
+        path = tmp_path / "d.zip"
+        path.write_bytes(blob)
+        picks = {keep: _sevenzip(path, tmp_path / "7z", keep=keep)[NAME] for keep in ("-aos", "-aoa")}
+        assert picks == {"-aos": first, "-aoa": last}
+        assert (Code.ZIP_DUPLICATE_NAME in _verdict(blob)) is (first != last)
 
 
 def test_duplicates_past_the_comparison_budget_stay_evidence() -> None:
