@@ -9,10 +9,19 @@ so the mismatch is a layout note (TORCH_OFFSET_MISMATCH, low, no verdict effect)
 and silently reads other bytes; the note names exactly those records. Every tensor's
 `data_offset` must be where torch reads, locally and over HTTP ranges, so `read_tensor`
 returns torch's values.
+
+7-Zip (`7z a -tzip`, `7z d`) likewise: no local extra fields, folder entries when a folder is
+added, and at its default level (-mx=5) deflated records wherever deflate saves bytes. torch.load
+inflates those; `torch.load(mmap=True)` reads a deflated storage's compressed bytes as its
+values (measured on torch 2.13), which ZIP_COMPRESSED_ENTRY says. -mtc/-mta/-mcu add nothing
+to the layout of a torch archive's ASCII names (7-Zip writes its NTFS times in the central
+directory only), and -mm=Deflate64/BZip2/LZMA give methods torch refuses (other tests).
 """
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 import zipfile
 from pathlib import Path
 
@@ -20,8 +29,9 @@ import numpy as np
 import pytest
 
 from ckptguard.core.io.urlguard import UrlGuard
-from ckptguard.core.loader import open_checkpoint
+from ckptguard.core.loader import TensorUnreadable, open_checkpoint
 from ckptguard.core.scan import scan_path
+from tests.components import missing
 from tests.rangeserver import RangeServer
 
 torch = pytest.importorskip("torch")
@@ -30,7 +40,17 @@ pytestmark = pytest.mark.torch
 GUARD = UrlGuard(allowlist=("127.0.0.1",))
 
 
-REPACKS = ("same-order", "reversed", "with-directories", "extra-fields", "zip64", "streamed")
+PYTHON_REPACKS = ("same-order", "reversed", "with-directories", "extra-fields", "zip64", "streamed")
+# 7-Zip 26.02 (p7zip-full): the unpacked prefix folder or its files re-zipped, stored and at
+# 7-Zip's default level; and `7z d` rewriting torch's own archive without one record
+SEVENZIP_REPACKS = {
+    "7z-folder-stored": ["a", "-tzip", "-mx=0"],
+    "7z-folder-deflated": ["a", "-tzip", "-mx=5"],
+    "7z-files-stored": ["a", "-tzip", "-mx=0"],
+    "7z-files-deflated": ["a", "-tzip", "-mx=9"],
+    "7z-delete-a-record": ["d", "-tzip"],
+}
+REPACKS = PYTHON_REPACKS + tuple(SEVENZIP_REPACKS)
 # Info-ZIP's local extra fields: extended timestamp (UT) and Unix uid/gid (ux)
 _INFOZIP_EXTRA = (b"UT\x09\x00\x03" + (1700000000).to_bytes(4, "little") * 2
                   + b"ux\x0b\x00\x01\x04" + (1000).to_bytes(4, "little") + b"\x04"
@@ -68,6 +88,22 @@ def _repack(src: Path, dst: Path, how: str) -> None:
                     out.write(zin.read(name))
 
 
+def _sevenzip(src: Path, dst: Path, how: str) -> None:
+    command = ["7z", *SEVENZIP_REPACKS[how], str(dst)]
+    if how == "7z-delete-a-record":
+        shutil.copyfile(src, dst)
+        with zipfile.ZipFile(src) as zin:
+            [serial] = [n for n in zin.namelist() if n.endswith("/.data/serialization_id")]
+        subprocess.run([*command, serial], check=True, capture_output=True, timeout=60)
+        return
+    unpacked = dst.with_suffix(".d")
+    with zipfile.ZipFile(src) as zin:
+        zin.extractall(unpacked)
+        names = zin.namelist()
+    added = [names[0].split("/", 1)[0]] if "folder" in how else names
+    subprocess.run([*command, *added], check=True, capture_output=True, timeout=60, cwd=unpacked)
+
+
 @pytest.fixture(scope="module")
 def repacked(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, dict[str, object]]]:
     tmp = tmp_path_factory.mktemp("repack")
@@ -79,41 +115,72 @@ def repacked(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, 
     out = {}
     for order in REPACKS:
         path = tmp / f"{order}.pt"
-        _repack(original, path, order)
+        if order in PYTHON_REPACKS:
+            _repack(original, path, order)
+        elif shutil.which("7z") is not None:
+            _sevenzip(original, path, order)
+        else:
+            continue
         out[order] = (path, torch.load(path, weights_only=True))
     return out
 
 
-def _check(ckpt: object, loaded: dict[str, object]) -> None:
+def _repacked(repacked: dict[str, tuple[Path, dict[str, object]]],
+              order: str) -> tuple[Path, dict[str, object]]:
+    if order not in repacked:
+        missing("7-Zip (7z, Debian package p7zip-full) is not installed")
+    return repacked[order]
+
+
+def _deflated(path: Path) -> set[str]:
+    """Storage keys whose records the writer deflated."""
+    with zipfile.ZipFile(path) as z:
+        return {i.filename.rsplit("/", 1)[1] for i in z.infolist()
+                if "/data/" in i.filename and i.compress_type == zipfile.ZIP_DEFLATED}
+
+
+def _check(ckpt: object, loaded: dict[str, object], deflated: set[str]) -> None:
+    """Every tensor reads torch's values; one in a deflated record has no offset in the file
+    (torch.load inflates it) and read_tensor, which reads spans as stored, refuses it."""
     report = ckpt.report   # type: ignore[attr-defined]
     assert report.weights_only.loadable
     assert {t.name for t in report.tensors} == set(loaded)
-    for name, tensor in loaded.items():
+    for tensor_entry in report.tensors:
+        name = tensor_entry.name
+        if tensor_entry.storage in deflated:
+            assert tensor_entry.data_offset is None, name
+            with pytest.raises(TensorUnreadable, match="no data in the file"):
+                ckpt.read_tensor(name)   # type: ignore[attr-defined]
+            continue
         got = ckpt.read_tensor(name)   # type: ignore[attr-defined]
-        assert np.array_equal(got, tensor.numpy()), name   # type: ignore[attr-defined]
+        assert np.array_equal(got, loaded[name].numpy()), name   # type: ignore[attr-defined]
 
 
 @pytest.mark.parametrize("order", list(REPACKS))
 def test_local_repack_reads_torchs_bytes(repacked: dict[str, tuple[Path, dict[str, object]]],
                                           order: str) -> None:
-    path, loaded = repacked[order]
+    path, loaded = _repacked(repacked, order)
     report = scan_path(path)
     codes = {f.code for f in report.findings}
-    if order == "same-order":   # the first storage chains; the others do not
-        assert "TORCH_OFFSET_MISMATCH" in codes
+    if order in ("same-order", "7z-folder-stored", "7z-files-stored", "7z-delete-a-record"):
+        assert "TORCH_OFFSET_MISMATCH" in codes   # the first storage chains; the others do not
     with open_checkpoint(str(path)) as ckpt:
-        _check(ckpt, loaded)
+        _check(ckpt, loaded, _deflated(path))
 
 
 @pytest.mark.parametrize("order", list(REPACKS))
 def test_a_repack_torch_loads_is_not_unsafe(repacked: dict[str, tuple[Path, dict[str, object]]],
                                             order: str) -> None:
     """torch.load reads the right bytes (the fixture loaded it): no finding may say `unsafe`;
-    apart from the empty folder entries `zip -r` adds, the repack is as clean as the original."""
-    path, _ = repacked[order]
+    apart from the empty folder entries `zip -r` and 7-Zip add, the repack is as clean as the
+    original."""
+    path, _ = _repacked(repacked, order)
     report = scan_path(path)
     assert [f.code for f in report.findings if f.code.effect == "unsafe"] == []
-    assert report.verdict == ("suspicious" if order == "with-directories" else "safe"), \
+    with zipfile.ZipFile(path) as z:
+        folders = any(name.endswith("/") for name in z.namelist())
+    assert folders is (order == "with-directories" or "folder" in order)
+    assert report.verdict == ("suspicious" if folders else "safe"), \
         [(f.code, f.message) for f in report.findings]
 
 
@@ -125,34 +192,48 @@ def test_the_offset_note_names_the_records_the_calculated_path_misreads(
     calculate_storage_offsets=True torch reads those tensors' bytes from there."""
     from torch.utils.serialization import config
 
-    path, loaded = repacked[order]
+    path, loaded = _repacked(repacked, order)
     report = scan_path(path)
     noted = {f.record.rsplit("/", 1)[1] for f in report.findings
              if f.code == "TORCH_OFFSET_MISMATCH" and f.record}
-    meta = torch.load(path, weights_only=True, map_location="meta")
     by_storage = {t.storage: t.name for t in report.tensors}
+
+    def misread(*, calculate: bool) -> set[str]:
+        was = config.load.calculate_storage_offsets
+        config.load.calculate_storage_offsets = calculate
+        try:
+            mapped = torch.load(path, weights_only=True, mmap=True)
+        finally:
+            config.load.calculate_storage_offsets = was
+        return {key for key, name in by_storage.items()
+                if not torch.equal(mapped[name], loaded[name])}   # type: ignore[call-overload]
+
+    deflated = _deflated(path)
+    assert bool(deflated) is order.endswith("-deflated")
+    compressed = {f.record.rsplit("/", 1)[1] for f in report.findings
+                  if f.code == "ZIP_COMPRESSED_ENTRY" and f.record and "/data/" in f.record}
+    assert compressed == deflated
+    # mmap=True maps the file: a deflated storage's compressed bytes become its values
+    assert misread(calculate=False) == deflated
+    if deflated:   # torch chains offsets over compressed records too; the scan does not
+        assert "TORCH_OFFSET_UNVERIFIABLE" in {f.code for f in report.findings}
+        assert misread(calculate=True) >= deflated
+        return
+    meta = torch.load(path, weights_only=True, map_location="meta")
     where = {s.key: s.data_offset for s in report.storages}
     calculated = {key: meta[name].untyped_storage()._checkpoint_offset
                   for key, name in by_storage.items()}
     assert noted == {key for key in calculated if calculated[key] != where[key]}
-    was = config.load.calculate_storage_offsets
-    config.load.calculate_storage_offsets = True
-    try:
-        mapped = torch.load(path, weights_only=True, mmap=True)
-    finally:
-        config.load.calculate_storage_offsets = was
-    misread = {key for key, name in by_storage.items()
-               if not torch.equal(mapped[name], loaded[name])}   # type: ignore[call-overload]
-    assert misread == noted
+    assert misread(calculate=True) == noted
 
 
 @pytest.mark.parametrize("order", list(REPACKS))
 def test_remote_repack_reads_torchs_bytes(repacked: dict[str, tuple[Path, dict[str, object]]],
                                            order: str) -> None:
-    path, loaded = repacked[order]
+    path, loaded = _repacked(repacked, order)
     with RangeServer({"/ckpt.pt": path}) as srv, \
             open_checkpoint(srv.url("/ckpt.pt"), guard=GUARD) as ckpt:
-        _check(ckpt, loaded)
+        _check(ckpt, loaded, _deflated(path))
 
 
 def test_a_shifted_local_header_is_read_as_torch_reads_it_or_refused(tmp_path: Path) -> None:
@@ -160,8 +241,6 @@ def test_a_shifted_local_header_is_read_as_torch_reads_it_or_refused(tmp_path: P
     later than the calculated offset. A local scan reads every local header and serves
     torch's bytes; a remote read checks the record's local header and refuses the tensor
     rather than serve other bytes than torch's."""
-    from ckptguard.core.loader import TensorUnreadable
-
     original = tmp_path / "original.pt"
     torch.save({"a": torch.arange(4.0), "b": torch.arange(100.0, 140.0)}, original)
     data = bytearray(original.read_bytes())
