@@ -162,7 +162,8 @@ class Code(StrEnum):
                              "a storage is not where torch's own writer would put it (another "
                              "zip writer): torch.load reads it at its local header")
     TORCH_OFFSET_UNVERIFIABLE = ("TORCH_OFFSET_UNVERIFIABLE", _L, _N,
-                                 "offsets cannot be chained (pre-2.7 file or compressed record)")
+                                 "offsets cannot be chained (pre-2.7 file or compressed record); names "
+                                 "the deflated storages torch.load(mmap=True) reads as compressed bytes")
     TORCH_STORAGE_ORDER = ("TORCH_STORAGE_ORDER", _M, _S,
                            "data records are not in pickle order (first key is not '0')")
     TORCH_TENSOR_OUT_OF_BOUNDS = ("TORCH_TENSOR_OUT_OF_BOUNDS", _H, _S,

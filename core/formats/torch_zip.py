@@ -462,7 +462,8 @@ def _storage_sites(source: ByteSource, directory: ZipDirectory, prefix: str,
     elif storages and present:
         an.add(Code.TORCH_OFFSET_UNVERIFIABLE,
                "storage offsets cannot be chained (pre-2.7 layout or compressed records); "
-               "read from the local headers instead")
+               "read from the local headers instead"
+               + _mapped_compressed(sorted(k for k, e in present.items() if e.method == 8)))
     missing_locals = [e for k, e in present.items() if k not in chained and e.index not in locals_]
     if missing_locals:
         locals_ = {**locals_, **read_local_headers(source, missing_locals)}
@@ -482,6 +483,21 @@ def _storage_sites(source: ByteSource, directory: ZipDirectory, prefix: str,
             an.add(Code.TORCH_MISSING_RECORD, f"storage {key!r} has no data/{key} record",
                    record=f"{prefix}/data/{key}")
     return sites
+
+
+_NAMED_STORAGES = 8   # deflated storages a note names before it counts the rest
+
+
+def _mapped_compressed(keys: list[str]) -> str:
+    """What torch.load(mmap=True) makes of deflated storages (another zip writer's default,
+    7-Zip's -mx=5): it maps each at its record's data, so the compressed bytes become the
+    tensor's values, while torch.load without mmap inflates them (measured, torch 2.13)."""
+    if not keys:
+        return ""
+    named = ", ".join(f"data/{k}" for k in keys[:_NAMED_STORAGES])
+    more = f" and {len(keys) - _NAMED_STORAGES} more" if len(keys) > _NAMED_STORAGES else ""
+    return (f"; {named}{more} deflated: torch.load inflates them, torch.load(mmap=True) reads "
+            "their compressed bytes as the tensors' values")
 
 
 def _flag_unreferenced(directory: ZipDirectory, prefix: str, keys: set[str], an: Analysis) -> None:

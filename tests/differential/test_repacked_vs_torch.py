@@ -216,7 +216,9 @@ def test_the_offset_note_names_the_records_the_calculated_path_misreads(
     # mmap=True maps the file: a deflated storage's compressed bytes become its values
     assert misread(calculate=False) == deflated
     if deflated:   # torch chains offsets over compressed records too; the scan does not
-        assert "TORCH_OFFSET_UNVERIFIABLE" in {f.code for f in report.findings}
+        [note] = [f.message for f in report.findings if f.code == "TORCH_OFFSET_UNVERIFIABLE"]
+        assert "torch.load(mmap=True) reads their compressed bytes" in note
+        assert _named_deflated(note) == {f"data/{key}" for key in deflated}, note
         assert misread(calculate=True) >= deflated
         return
     meta = torch.load(path, weights_only=True, map_location="meta")
@@ -234,6 +236,26 @@ def test_remote_repack_reads_torchs_bytes(repacked: dict[str, tuple[Path, dict[s
     with RangeServer({"/ckpt.pt": path}) as srv, \
             open_checkpoint(srv.url("/ckpt.pt"), guard=GUARD) as ckpt:
         _check(ckpt, loaded, _deflated(path))
+
+
+def _named_deflated(note: str) -> set[str]:
+    return set(note.rsplit("; ", 1)[1].split(" deflated:")[0].split(" and ")[0].split(", "))
+
+
+def test_the_mmap_note_counts_what_it_does_not_name(tmp_path: Path) -> None:
+    """Ten deflated storages (zipfile.ZIP_DEFLATED): the note names eight and counts the rest,
+    and torch.load(mmap=True) misreads every one of them."""
+    original = tmp_path / "original.pt"
+    state = {f"t{i}": torch.zeros(64) + i for i in range(10)}
+    torch.save(state, original)
+    path = tmp_path / "deflated.pt"
+    with zipfile.ZipFile(original) as zin, zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as zout:
+        for name in zin.namelist():
+            zout.writestr(name, zin.read(name))
+    mapped = torch.load(path, weights_only=True, mmap=True)
+    assert not any(torch.equal(mapped[k], v) for k, v in state.items())
+    [note] = [f.message for f in scan_path(path).findings if f.code == "TORCH_OFFSET_UNVERIFIABLE"]
+    assert len(_named_deflated(note)) == 8 and " and 2 more deflated:" in note, note
 
 
 def test_a_shifted_local_header_is_read_as_torch_reads_it_or_refused(tmp_path: Path) -> None:
