@@ -252,14 +252,16 @@ class Code(StrEnum):
 # `unsafe` effect only with such a line (tests/test_errors.py checks the two agree); the
 # README prints them under the codes table (`ckptguard codes`).
 UNSAFE_EVIDENCE: dict[Code, str] = {
-    Code.ZIP_DUPLICATE_NAME: "torch (miniz: sorted central directory, binary search) and Python's "
-    "zipfile (the last entry of a name) can pick different entries of one name, and the entries "
-    "were not proven byte-identical (else ZIP_DUPLICATE_IDENTICAL)",
+    Code.ZIP_DUPLICATE_NAME: "torch (miniz: sorted central directory, binary search), Python's "
+    "zipfile (the last entry of a name) and 7-Zip (`7z x`: the last with -aoa, the first with -aos) "
+    "can pick different entries of one name, and the entries were not proven byte-identical (else "
+    "ZIP_DUPLICATE_IDENTICAL)",
     Code.ZIP_LOCAL_CENTRAL_MISMATCH: "torch 2.13 and zipfile take method and sizes from the central "
     "directory, Info-ZIP unzip takes them from the local header (measured: other bytes out), and "
     "Java's ZipInputStream names the entry by its local name; a UTF-8 flag that differs on a "
     "non-ASCII name decodes it to another name (differences in CRC or other flags only are "
-    "ZIP_LOCAL_CENTRAL_COSMETIC)",
+    "ZIP_LOCAL_CENTRAL_COSMETIC: 7-Zip refuses most of them with \"Headers Error\" and otherwise "
+    "reads the central directory's bytes, like torch)",
     Code.ZIP_OVERLAPPING_ENTRIES: "central-directory readers (torch, zipfile) and streaming readers "
     "that walk local headers one after another see different entries in the shared bytes",
     Code.PICKLE_DANGEROUS_GLOBAL: "torch.load(weights_only=False) and pickle.load import and run it; "

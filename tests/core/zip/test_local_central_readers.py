@@ -284,13 +284,13 @@ def test_a_note_never_hides_readers_that_disagree(tmp_path: Path, variant: Varia
 
 
 def test_sevenzip_reads_torchs_bytes_or_refuses_unless_the_split_says_mismatch(tmp_path: Path) -> None:
-    """7-Zip checks each local header against its central entry: measured, it refuses (exit 2,
-    "Headers Error", an empty file) on a differing name, method, sizes, CRC or most flag bits,
-    and reads the central directory's bytes where it goes on (data-descriptor bit, the UTF-8
-    flag). So it never reads other bytes where the split says cosmetic."""
+    """7-Zip checks each local header against its central entry: measured (7-Zip 26.02), it
+    refuses (exit 2, "Headers Error", an empty file) on a differing name, method, sizes, CRC or
+    most flag bits, and reads the central directory's bytes where it goes on (data-descriptor
+    bit, the UTF-8 flag). So it never reads other bytes where the split says cosmetic; which
+    cases it refuses may change between versions, so only that is asserted."""
     if shutil.which("7z") is None:
         missing("7-Zip (7z, Debian package p7zip-full) is not installed")
-    refused = []
     for label, (variant, expected) in MATRIX.items():
         path = tmp_path / f"{label}.zip"
         path.write_bytes(variant.archive())
@@ -299,9 +299,6 @@ def test_sevenzip_reads_torchs_bytes_or_refuses_unless_the_split_says_mismatch(t
             assert seven == Read(variant.name, variant.data), label
         if expected is not Code.ZIP_LOCAL_CENTRAL_MISMATCH:
             assert not _disagree([_torch(path, variant.name), seven]), (label, seven)
-        if seven.data is None:
-            refused.append(label)
-    assert "local CRC" in refused and "name, same length" in refused, refused
 
 
 # --- duplicate names ------------------------------------------------------------------------
