@@ -7,7 +7,9 @@ bytes become an array by `as_strided` over the read buffer (element strides x it
 size, storage offset already in `data_offset`), after checking that the view stays
 inside the buffer, then copied out. Big-endian files are swapped as torch does
 (FORMATS.md §2.5): by the storage's element size (half of it for complex), and not at
-all for UntypedStorage pids (v3 dtypes), so the result is byte-equal to torch.load.
+all for UntypedStorage pids (v3 dtypes), so the result is byte-equal to torch.load. A
+storage record another writer deflated has no offset in the file: its tensors come from the
+inflated record, as torch.load reads them (not as mmap=True does: that maps the compressed bytes).
 
 Example:
     >>> with open_checkpoint("model.pt") as ckpt:            # doctest: +SKIP
@@ -29,7 +31,7 @@ from ckptguard.core.io.urlguard import UrlGuard
 from ckptguard.core.report import Report, SourceInfo, StorageEntry, TensorEntry
 from ckptguard.core.state import ScanOptions
 from ckptguard.core.torch.dtypes import ITEMSIZE, NUMPY_DTYPE
-from ckptguard.core.zip.directory import parse_local_header, read_directory
+from ckptguard.core.zip.directory import parse_local_header, read_directory, read_record
 
 _ML_DTYPES = frozenset({"bfloat16", "float8_e5m2", "float8_e4m3fn", "float8_e5m2fnuz",
                         "float8_e4m3fnuz", "float8_e8m0fnu"})
@@ -97,19 +99,21 @@ class RemoteCheckpoint:
             raise KeyError(f"no tensor named {name!r} in {self.source.name}") from None
 
     def read_tensor(self, name: str) -> np.ndarray:
-        """The tensor `name` as a new C-contiguous array: exactly one ranged read."""
+        """The tensor `name` as a new C-contiguous array: exactly one ranged read (a deflated
+        record: the record, inflated)."""
         return self.read_tensors([name])[name]
 
     def read_tensors(self, names: Iterable[str]) -> dict[str, np.ndarray]:
         """Several tensors; their spans go to the source at once (coalesced over HTTP)."""
         entries = [self.entry(n) for n in dict.fromkeys(names)]
+        out = {e.name: self._inflated(e) for e in entries if self._deflated(e)}
+        entries = [e for e in entries if e.name not in out]
         spans = [self._span(e) for e in entries]
         headers = [self._local_header(e) if s[1] else None for e, s in zip(entries, spans, strict=True)]
         # a remote read starts at the record's local header, to check where its data begins
         wanted = [s if h is None else (h, s[0] + s[1] - h)
                   for s, h in zip(spans, headers, strict=True) if s[1]]
         blobs = iter(self.source.read_many(wanted)) if wanted else iter(())
-        out = {}
         for e, s, h in zip(entries, spans, headers, strict=True):
             data = next(blobs) if s[1] else b""
             if h is not None:
@@ -161,6 +165,27 @@ class RemoteCheckpoint:
                 f"not at the calculated {storage.data_offset}: this file reads differently to "
                 "torch and to offset-calculating readers")
         return data[entry.data_offset - header:]
+
+    # --- deflated records ------------------------------------------------------------
+
+    def _deflated(self, entry: TensorEntry) -> bool:
+        """A tensor whose storage record another writer deflated (7-Zip's default level,
+        zipfile.ZIP_DEFLATED): it has no offset in the file, torch.load inflates the record."""
+        storage = self._storages.get(entry.storage or "")
+        return (entry.data_offset is None and storage is not None and storage.record is not None
+                and storage.data_offset is None and storage.dtype == entry.dtype
+                and entry.kind in ("tensor", "parameter"))
+
+    def _inflated(self, entry: TensorEntry) -> np.ndarray:
+        """The tensor from its inflated record, as torch.load reads it (core.zip's read_record:
+        deflate only, size-capped); the record is inflated whole, so this costs its size."""
+        storage = self._storages[entry.storage]  # type: ignore[index]
+        try:
+            record = read_record(self.source, read_directory(self.source), storage.record or "")
+        except CkptError as exc:
+            raise TensorUnreadable(f"{entry.name}: {exc.message}") from exc
+        start = entry.storage_offset * ITEMSIZE.get(storage.dtype, 1)
+        return self._to_array(entry, record[start:start + entry.nbytes])
 
     # --- bytes -> array -------------------------------------------------------------
 

@@ -29,7 +29,7 @@ import numpy as np
 import pytest
 
 from ckptguard.core.io.urlguard import UrlGuard
-from ckptguard.core.loader import TensorUnreadable, open_checkpoint
+from ckptguard.core.loader import open_checkpoint
 from ckptguard.core.scan import scan_path
 from tests.components import missing
 from tests.rangeserver import RangeServer
@@ -141,17 +141,13 @@ def _deflated(path: Path) -> set[str]:
 
 def _check(ckpt: object, loaded: dict[str, object], deflated: set[str]) -> None:
     """Every tensor reads torch's values; one in a deflated record has no offset in the file
-    (torch.load inflates it) and read_tensor, which reads spans as stored, refuses it."""
+    (torch.load inflates the record, and so does read_tensor)."""
     report = ckpt.report   # type: ignore[attr-defined]
     assert report.weights_only.loadable
     assert {t.name for t in report.tensors} == set(loaded)
     for tensor_entry in report.tensors:
         name = tensor_entry.name
-        if tensor_entry.storage in deflated:
-            assert tensor_entry.data_offset is None, name
-            with pytest.raises(TensorUnreadable, match="no data in the file"):
-                ckpt.read_tensor(name)   # type: ignore[attr-defined]
-            continue
+        assert (tensor_entry.data_offset is None) is (tensor_entry.storage in deflated), name
         got = ckpt.read_tensor(name)   # type: ignore[attr-defined]
         assert np.array_equal(got, loaded[name].numpy()), name   # type: ignore[attr-defined]
 
@@ -244,7 +240,7 @@ def _named_deflated(note: str) -> set[str]:
 
 def test_the_mmap_note_counts_what_it_does_not_name(tmp_path: Path) -> None:
     """Ten deflated storages (zipfile.ZIP_DEFLATED): the note names eight and counts the rest,
-    and torch.load(mmap=True) misreads every one of them."""
+    torch.load(mmap=True) misreads every one of them, read_tensor reads torch.load's values."""
     original = tmp_path / "original.pt"
     state = {f"t{i}": torch.zeros(64) + i for i in range(10)}
     torch.save(state, original)
@@ -256,6 +252,8 @@ def test_the_mmap_note_counts_what_it_does_not_name(tmp_path: Path) -> None:
     assert not any(torch.equal(mapped[k], v) for k, v in state.items())
     [note] = [f.message for f in scan_path(path).findings if f.code == "TORCH_OFFSET_UNVERIFIABLE"]
     assert len(_named_deflated(note)) == 8 and " and 2 more deflated:" in note, note
+    with open_checkpoint(str(path)) as ckpt:
+        _check(ckpt, state, _deflated(path))   # type: ignore[arg-type]
 
 
 def test_a_shifted_local_header_is_read_as_torch_reads_it_or_refused(tmp_path: Path) -> None:
@@ -263,6 +261,8 @@ def test_a_shifted_local_header_is_read_as_torch_reads_it_or_refused(tmp_path: P
     later than the calculated offset. A local scan reads every local header and serves
     torch's bytes; a remote read checks the record's local header and refuses the tensor
     rather than serve other bytes than torch's."""
+    from ckptguard.core.loader import TensorUnreadable
+
     original = tmp_path / "original.pt"
     torch.save({"a": torch.arange(4.0), "b": torch.arange(100.0, 140.0)}, original)
     data = bytearray(original.read_bytes())
@@ -280,3 +280,23 @@ def test_a_shifted_local_header_is_read_as_torch_reads_it_or_refused(tmp_path: P
         assert np.array_equal(ckpt.read_tensor("a"), loaded["a"].numpy())
         with pytest.raises(TensorUnreadable, match="reads differently"):
             ckpt.read_tensor("b")
+
+
+def test_a_deflated_record_that_does_not_inflate_is_refused(tmp_path: Path) -> None:
+    """read_tensor inflates a deflated storage as torch.load does; a stream that is no deflate
+    data is TensorUnreadable with the reason, never an exception from zlib."""
+    from ckptguard.core.loader import TensorUnreadable
+
+    original = tmp_path / "original.pt"
+    torch.save({"w": torch.zeros(256)}, original)
+    path = tmp_path / "broken.pt"
+    with zipfile.ZipFile(original) as zin, zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as zout:
+        for name in zin.namelist():
+            zout.writestr(name, zin.read(name))
+        [record] = [i for i in zout.infolist() if i.filename.endswith("/data/0")]
+    data = bytearray(path.read_bytes())
+    start = record.header_offset + 30 + len(record.filename.encode())
+    data[start:start + record.compress_size] = b"\xff" * record.compress_size
+    path.write_bytes(bytes(data))
+    with open_checkpoint(str(path)) as ckpt, pytest.raises(TensorUnreadable, match="deflate"):
+        ckpt.read_tensor("w")
