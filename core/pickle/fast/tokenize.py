@@ -170,6 +170,10 @@ def tokenize(data: bytes, allowed: Callable[[str], bool], *, newobj: bool = Fals
         elif op == 0x80:  # PROTO
             if pos + 2 > n:
                 raise Decline("truncated")
+            if pos:   # pickle writes it first only; elsewhere it pushes nothing, so MARK PROTO
+                # APPENDS is an empty batch the lookahead after MARK cannot see (the C
+                # unpickler skips it, torch checks the object's type)
+                raise Decline("PROTO after the first opcode")
             toks.protocol = data[pos + 1]   # the last PROTO, as the interpreters report it
             if data[pos + 1] > pickle.HIGHEST_PROTOCOL:
                 raise Decline("protocol beyond the C unpickler")
