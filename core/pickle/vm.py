@@ -49,7 +49,7 @@ from ckptguard.core.pickle.opcodes import (
     decode_string_line,
     decode_unicode_line,
 )
-from ckptguard.core.pickle.renames import python_map
+from ckptguard.core.pickle.renames import python_map, torch_split
 from ckptguard.core.values import Buffer, Call, ExtRef, Global, PersId, Unhashable
 
 if TYPE_CHECKING:
@@ -327,7 +327,7 @@ class _Machine:
                       f"{opcode} {raw_module[:100]!r} {raw_name[:100]!r} is not a dotted identifier", pos)
         module, name = python_map(raw_module, raw_name, self.proto)
         self.result.globals.append(GlobalUse(module, name, raw_module, raw_name, opcode, self.base + pos))
-        return Global(module, name)
+        return Global(*torch_split(module, name))   # the node: as the manifest and torch name it
 
     def computed_global(self, module: Any, name: Any, pos: int) -> tuple[str, str]:
         """STACK_GLOBAL operands that are not literal strings: fold what pure calls compute

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ckptguard.core.limits import DEFAULT_LIMITS, Limits
-from ckptguard.core.pickle.renames import torch_map
+from ckptguard.core.pickle.renames import torch_map, torch_split
 from ckptguard.core.torch.callables import (
     CLASSES,
     HASH_VISITS_MAX,
@@ -470,7 +470,7 @@ class _Emulator:
         err = _global_error(module, name, self.allowed)
         if err is not None:
             raise self.fail("UnpicklingError", err)
-        return Global(module, name)
+        return Global(*torch_split(module, name))
 
     def op_newobj(self, cls: Any, args: Any) -> Any:
         if isinstance(cls, Global) and cls.full == "torch.nn.parameter.Parameter":

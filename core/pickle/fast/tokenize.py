@@ -30,7 +30,7 @@ from typing import Any
 from ckptguard.core.errors import Decline
 from ckptguard.core.limits import DEFAULT_LIMITS
 from ckptguard.core.pickle.fast.containers import BuildLedger, CheckedDict, CheckedList
-from ckptguard.core.pickle.renames import torch_map
+from ckptguard.core.pickle.renames import torch_map, torch_split
 
 _MAX_MEMO_INDEX_FLOOR = 1 << 20
 
@@ -146,7 +146,7 @@ def tokenize(data: bytes, allowed: Callable[[str], bool], *, newobj: bool = Fals
                 raw_name = data[nl1 + 1:nl2].decode("utf-8")
             except UnicodeDecodeError as exc:
                 raise Decline("GLOBAL not utf-8") from exc
-            module, name = torch_map(raw_module, raw_name)
+            module, name = torch_split(*torch_map(raw_module, raw_name))
             if not allowed(f"{module}.{name}"):
                 raise Decline(f"global {module}.{name} is not allowlisted")
             toks.globals.append((module, name, raw_module, raw_name, pos))
@@ -227,7 +227,7 @@ class StubUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
         if module == "__ckptguard__":   # our own rewrites (a pickle's own GLOBAL of this
             return _REWRITTEN[module, name]   # name is not allowlisted: the walk declined it)
-        mapped = torch_map(module, name)
+        mapped = torch_split(*torch_map(module, name))
         met = self.globals_met
         if met >= len(self.walked) or self.walked[met] != mapped:
             raise Decline(f"global {module}.{name} was not seen by the opcode walk")
