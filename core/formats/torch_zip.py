@@ -28,6 +28,8 @@ from ckptguard.core.values import PersId
 from ckptguard.core.zip.checks import check_archive, verify_crcs
 from ckptguard.core.zip.directory import (
     LOCATOR_PAST_END,
+    ZIP64_CD_TOO_BIG,
+    ZIP64_TOO_MANY,
     LocalHeader,
     ZipDirectory,
     ZipEntry,
@@ -35,7 +37,7 @@ from ckptguard.core.zip.directory import (
     read_local_headers,
     read_record,
 )
-from ckptguard.core.zip.layout import EOCD_SIZE
+from ckptguard.core.zip.layout import ENCRYPTION_FLAGS, EOCD_SIZE, FLAG_MASKED_HEADER
 from ckptguard.core.zip.offsets import chain_storage_offsets, verify_chain, written_by_torch
 
 _MINIZ_HINT = (". This is an internal miniz error. If you are seeing this error, there is a high "
@@ -93,10 +95,22 @@ def zip_open_error(exc: CkptError, size: int) -> TorchError | None:
         return unreadable_zip_error(size)
     if exc.message.startswith(LOCATOR_PAST_END):
         return _miniz_error("failed reading zip archive", "not a ZIP archive")
+    if exc.message.startswith(ZIP64_TOO_MANY):
+        return _miniz_error("failed reading zip archive", "too many files")
+    if exc.message.startswith(ZIP64_CD_TOO_BIG):
+        return _miniz_error("failed reading zip archive", "unsupported central directory size")
     if exc.code is Code.ZIP_MULTIPLE_DISKS:
         return _miniz_error("failed reading zip archive", "unsupported multidisk archive")
     if exc.code in (Code.ZIP_BAD_EOCD, Code.ZIP_BAD_CENTRAL_DIR):
         return _miniz_error("failed reading zip archive", "invalid header or archive is corrupted")
+    return None
+
+
+def masked_header_error(directory: ZipDirectory) -> TorchError | None:
+    """miniz refuses the whole archive while it reads the central directory when any entry
+    sets bit 13 (local header masked), before any record is read."""
+    if any(e.flags & FLAG_MASKED_HEADER for e in directory.entries):
+        return _miniz_error("failed reading zip archive", "unsupported encryption")
     return None
 
 
@@ -121,6 +135,9 @@ def zip_answer(source: ByteSource, an: Analysis) -> TorchError | None:
         if error is None:
             raise
         return error
+    masked = masked_header_error(directory)
+    if masked is not None:
+        return masked
     if directory.entries and b"/" not in directory.entries[0].name_bytes:
         return cpp_error(b"[enforce fail at inline_container.cc:180] . file in archive is not in a "
                          b"subdirectory: " + directory.entries[0].name_bytes)
@@ -252,7 +269,7 @@ def check_generic_zip(source: ByteSource, directory: ZipDirectory, an: Analysis)
         small = ent.uncompressed_size <= an.options.limits.max_pickle_bytes
         if i < 64 and ent.name.endswith((".pkl", ".pickle")) and small \
                 and directory.by_name.get(ent.name) is ent and ent.method in (0, 8) \
-                and not ent.flags & 0x2041:
+                and not ent.flags & ENCRYPTION_FLAGS:
             scan_pickle(read_record(source, directory, ent.name, locals_=locals_), an,
                         record=ent.name, base_offset=0)
         else:   # any member may be what a custom loader unpickles: sniffed, judged if a pickle
@@ -280,7 +297,7 @@ def _read_small_records(source: ByteSource, directory: ZipDirectory, entries: li
     prefix = directory.prefix()
     for ent in entries:
         if ent.uncompressed_size <= SMALL_RECORD_MAX and ent.index not in unreadable \
-                and ent.method in (0, 8) and not ent.flags & 0x41:
+                and ent.method in (0, 8) and not ent.flags & ENCRYPTION_FLAGS:
             out[ent.name[len(prefix) + 1:]] = read_record(source, directory, ent.name,
                                                           locals_=locals_)
     return out
@@ -329,6 +346,9 @@ def _container_error(directory: ZipDirectory, prefix: str, meta: Mapping[str, by
     if directory.shift:   # miniz takes the offsets as written: no record is where they say
         return TorchError("RuntimeError", "PytorchStreamReader failed reading zip archive: "
                           "invalid header or archive is corrupted" + _MINIZ_HINT)
+    masked = masked_header_error(directory)
+    if masked is not None:
+        return masked
     has = {r for r in META_RECORDS if directory.find(f"{prefix}/{r}") is not None}
     version_record = ".data/version" if ".data/version" in has else "version"
     if version_record in has:

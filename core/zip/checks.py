@@ -45,10 +45,8 @@ from ckptguard.core.zip.directory import (
     read_record,
 )
 from ckptguard.core.zip.layout import (
+    ENCRYPTION_FLAGS,
     FLAG_DESCRIPTOR,
-    FLAG_ENCRYPTED,
-    FLAG_MASKED_HEADER,
-    FLAG_STRONG_ENCRYPTION,
     FLAG_UTF8,
     LOCAL_SIZE,
     U32_MAX,
@@ -59,7 +57,6 @@ from ckptguard.core.zip.offsets import descriptor_size
 from ckptguard.core.zip.spans import zip_spans_of
 
 KNOWN_METHODS = {0: "stored", 8: "deflate"}
-_ENCRYPTION = FLAG_ENCRYPTED | FLAG_STRONG_ENCRYPTION | FLAG_MASKED_HEADER
 
 
 class _Capped:
@@ -115,7 +112,7 @@ class _Duplicates:
         first = group[0]
         if any(e.method != first.method for e in group):
             return "they use different compression methods"
-        if first.method not in KNOWN_METHODS or any(e.flags & _ENCRYPTION for e in group):
+        if first.method not in KNOWN_METHODS or any(e.flags & ENCRYPTION_FLAGS for e in group):
             return "their bytes are not plain (encrypted or an unsupported method): not compared"
         if any(e.uncompressed_size != first.uncompressed_size for e in group):
             return "they hold different numbers of bytes"
@@ -199,7 +196,7 @@ def _name_problem(e: ZipEntry) -> str | None:
 def _check_entries(directory: ZipDirectory, locals_: Mapping[int, LocalHeader], out: _Capped) -> None:
     for e in directory.entries:
         refused = False
-        if e.flags & _ENCRYPTION:
+        if e.flags & ENCRYPTION_FLAGS:
             refused = True
             out.add(Code.ZIP_ENCRYPTED_ENTRY,
                     f"{e.name} is encrypted (flags {e.flags:#06x}): torch fails with "

@@ -185,6 +185,9 @@ def eocd_search_start(size: int) -> int:
 
 
 LOCATOR_PAST_END = "zip64 locator points past the end"   # miniz: "not a ZIP archive"
+ZIP64_TOO_MANY = "zip64 entry count past 2**32 - 1"       # miniz: "too many files"
+ZIP64_CD_TOO_BIG = "zip64 central directory size past 2**32 - 1"   # miniz: "unsupported
+# central directory size"
 
 
 def find_eocd(tail: bytes, tail_offset: int) -> int:
@@ -260,6 +263,12 @@ def read_directory(source: ByteSource, limits: Limits = DEFAULT_LIMITS) -> ZipDi
             if n_disks != 1:
                 raise _fmt_err(Code.ZIP_MULTIPLE_DISKS, f"zip64 locator says {n_disks} disks",
                                eocd_offset - ZIP64_LOCATOR_SIZE)
+            # miniz's practical limits come next, before it compares the counts
+            if n_total > U32_MAX or n_disk > U32_MAX:
+                raise _fmt_err(Code.ZIP_BAD_EOCD, f"{ZIP64_TOO_MANY} ({n_disk}/{n_total} entries)",
+                               z64_offset)
+            if cd_size > U32_MAX:
+                raise _fmt_err(Code.ZIP_BAD_EOCD, f"{ZIP64_CD_TOO_BIG} ({cd_size} bytes)", z64_offset)
 
     # miniz's own consistency checks: torch cannot open an archive that fails them
     if n_total != n_disk or ((disk | cd_disk) != 0 and (disk != 1 or cd_disk != 1)):

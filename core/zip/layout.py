@@ -41,6 +41,8 @@ FLAG_ENCRYPTED = 0x0001
 FLAG_DESCRIPTOR = 0x0008
 FLAG_STRONG_ENCRYPTION = 0x0040
 FLAG_MASKED_HEADER = 0x2000
+# what miniz refuses as "unsupported encryption" (bit 13: the whole archive, at open)
+ENCRYPTION_FLAGS = FLAG_ENCRYPTED | FLAG_STRONG_ENCRYPTION | FLAG_MASKED_HEADER
 
 
 # --- hints for a remote reader's speculation (validated for real by core.zip.directory) ---
