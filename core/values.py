@@ -15,6 +15,7 @@ object that is a call result are recorded on the node, in order.
 
 from __future__ import annotations
 
+import reprlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -64,7 +65,7 @@ class PersId:
     offset: int = -1
 
     def __repr__(self) -> str:
-        return f"PersId({self.pid!r})"
+        return f"PersId({brief(self.pid)})"
 
 
 @dataclass(eq=False, slots=True)
@@ -88,3 +89,30 @@ class Unhashable:
     """Wraps a value used as a dict key or set member that Python cannot hash (a list)."""
 
     value: Any
+
+    def __repr__(self) -> str:
+        return f"Unhashable({brief(self.value)})"
+
+
+class _Brief(reprlib.Repr):
+    """reprlib's bounds (6 levels, 6 items a container, 80 characters a string), and this
+    module's wrappers shown through them too."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.maxstring = self.maxother = 80
+
+    def repr_PersId(self, x: PersId, level: int) -> str:
+        return f"PersId({self.repr1(x.pid, level - 1)})"
+
+    def repr_Unhashable(self, x: Unhashable, level: int) -> str:
+        return f"Unhashable({self.repr1(x.value, level - 1)})"
+
+
+_BRIEF = _Brief()
+
+
+def brief(value: Any) -> str:
+    """repr() of a value from a pickle for a message, bounded in depth, items and length:
+    memoized parts can give a few hundred bytes 2**40 paths, which repr() would walk."""
+    return _BRIEF.repr(value)

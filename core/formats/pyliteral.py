@@ -46,6 +46,8 @@ def parse_literal(text: str, *, max_len: int = 10_000, allow_long_suffix: bool =
     """
     if len(text) > max_len:
         raise LiteralError(f"literal of {len(text)} characters (cap {max_len})")
+    if "\x00" in text:   # CPython compiles no source with a NUL, even inside a string
+        raise LiteralError("source code string cannot contain null bytes")
     tokens = _tokenize(text.lstrip(" \t"), allow_long_suffix)
     pos, value = _value(tokens, 0, 0)
     if _is_op(tokens, pos, ","):

@@ -68,7 +68,7 @@ from ckptguard.core.torch.dtypes import (
 )
 from ckptguard.core.torch.rules import INT64_MAX, INT64_MIN, may_require_grad, storage_class_dtype
 from ckptguard.core.torch.tensor_build import TensorView
-from ckptguard.core.values import Call, Global, PersId
+from ckptguard.core.values import Call, Global, PersId, brief
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,7 +203,7 @@ def _int64(value: int, what: str) -> int:
 def _dtype_of(value: Any) -> str:
     if type(value) is Global and value.module == "torch" and value.name in ITEMSIZE:
         return value.name
-    raise _Bad(f"dtype argument {value!r} is not a torch dtype")
+    raise _Bad(f"dtype argument {brief(value)} is not a torch dtype")
 
 
 def _name_of(value: Any) -> str:
@@ -213,7 +213,7 @@ def _name_of(value: Any) -> str:
         return value.args[0]  # type: ignore[no-any-return]
     if type(value) is Global:
         return value.full
-    raise _Bad(f"layout argument {value!r} is not a layout")
+    raise _Bad(f"layout argument {brief(value)} is not a layout")
 
 
 def _bool(value: Any, what: str) -> bool:
@@ -382,7 +382,7 @@ class _Builder:
             if func == FROM_TYPE_V2:
                 inner_func, new_type, inner_args, state = _args(node, 4, 4)
                 if type(new_type) is not Global:
-                    raise _Bad(f"_rebuild_from_type_v2 type is {new_type!r}")
+                    raise _Bad(f"_rebuild_from_type_v2 type is {brief(new_type)}")
                 if new_type.full == "torch.nn.parameter.Parameter":
                     wrapper_kind = wrapper_kind or "parameter"
                 elif new_type.full != "torch.Tensor":
@@ -600,13 +600,13 @@ class _Builder:
         if st is None:
             st = self.new_storage(pid, stype, key, location, numel, persid)
         elif st[3] != stype or st[0].numel != numel:
-            self.bad(f"storage {key} declared again as {stype!r} x {numel!r}; torch keeps the first "
-                     f"({st[0].dtype} x {st[0].numel})", node)
+            self.bad(f"storage {key} declared again as {brief(stype)} x {brief(numel)}; torch keeps "
+                     f"the first ({st[0].dtype} x {st[0].numel})", node)
         if len(pid) == 6 and pid[5] is not None:
             view = pid[5]
             if type(view) is not tuple or len(view) != 3 or type(view[1]) is not int \
                     or type(view[2]) is not int or view[1] < 0 or view[2] < 0:
-                raise _Bad(f"storage view metadata {view!r} is not (key, offset, size)"[:200])
+                raise _Bad(f"storage view metadata {brief(view)} is not (key, offset, size)"[:200])
             start, end = view[1] * st[1], (view[1] + view[2]) * st[1]
             if end > st[2]:
                 raise _Bad(f"storage view [{start}, {end}) passes storage {key}'s {st[2]} bytes")
@@ -620,7 +620,7 @@ class _Builder:
             kind = self.storage_kind(stype)
         dtype, itemsize = kind
         if type(numel) is not int or numel < 0:
-            raise _Bad(f"storage numel {numel!r} is not a non-negative int")
+            raise _Bad(f"storage numel {brief(numel)} is not a non-negative int")
         if type(location) is not str:
             location = location.decode("latin-1") if type(location) is bytes else repr(location)
         nbytes = numel * itemsize
@@ -648,7 +648,7 @@ class _Builder:
     def storage_kind(self, stype: Any) -> tuple[str, int]:
         """(dtype, itemsize) of a storage class global (FORMATS.md §2.3); cached per name."""
         if type(stype) is not Global:
-            raise _Bad(f"storage type is {stype!r}, not a storage class"[:200])
+            raise _Bad(f"storage type is {brief(stype)}, not a storage class"[:200])
         dtype = storage_class_dtype(stype.module, stype.name)
         if dtype is None:
             raise _Bad(f"{stype.full} is not a storage class")
@@ -690,12 +690,12 @@ class _Builder:
 def _storage_pid(pid: Any) -> tuple[Any, str, Any, Any]:
     """(storage class, key, location, numel) of a storage persistent id (FORMATS.md §2.2)."""
     if type(pid) is not tuple or len(pid) not in (5, 6):
-        raise _Bad(f"storage pid is not a 5- or 6-tuple: {pid!r}"[:200])
+        raise _Bad(f"storage pid is not a 5- or 6-tuple: {brief(pid)}"[:200])
     tag, stype, key, location, numel = pid[:5]
     if isinstance(tag, bytes):
         tag = tag.decode("ascii", "replace")
     if tag != "storage":
-        raise _Bad(f"persistent id tag is {tag!r}, not 'storage'")
+        raise _Bad(f"persistent id tag is {brief(tag)}, not 'storage'")
     if type(key) is not str:
         raise _Bad(f"storage key is {type(key).__name__}, not str")
     return stype, key, location, numel
@@ -774,7 +774,7 @@ def _wraps_rebuild(call: Call) -> bool:
 def _qparams(qparams: Any) -> list[tuple[str, Any]]:
     """Per-channel scales/zero_points tensors are components (FORMATS.md §2.4)."""
     if type(qparams) is not tuple or not qparams or type(qparams[0]) is not Global:
-        raise _Bad(f"quantizer params {qparams!r} are not (qscheme, ...)"[:200])
+        raise _Bad(f"quantizer params {brief(qparams)} are not (qscheme, ...)"[:200])
     scheme = qparams[0].name
     if scheme == "per_tensor_affine" and len(qparams) == 3:
         return []

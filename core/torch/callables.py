@@ -140,16 +140,26 @@ def class_repr(name: str) -> str:
     return f"<class '{name}'>"
 
 
-def str_value(v: Any, storage_of: StorageOf, depth: int = 0) -> str | None:
-    """`str(v)` as torch would print it in a message; None where it depends on data."""
-    if depth > 50:
+# values str_value visits for one message: a memo DAG gives a few hundred bytes 2**40 paths,
+# whose message torch itself would never finish printing
+_STR_NODES = 100_000
+
+
+def str_value(v: Any, storage_of: StorageOf, depth: int = 0,
+              budget: list[int] | None = None) -> str | None:
+    """`str(v)` as torch would print it in a message; None where it depends on data, or where
+    printing it would visit more than _STR_NODES values."""
+    if budget is None:
+        budget = [_STR_NODES]
+    budget[0] -= 1
+    if depth > 50 or budget[0] < 0:
         return None
     if v is None or isinstance(v, (bool, int, float, str, bytes)):
         return str(v) if depth == 0 or not isinstance(v, (str, bytes)) else repr(v)
     if isinstance(v, (list, tuple, set, dict)) and len(v) > 10_000:
         return None  # torch would print it all; we do not build megabyte messages
     if isinstance(v, (list, tuple, set)):
-        parts = [str_value(x, storage_of, depth + 1) for x in v]
+        parts = [str_value(x, storage_of, depth + 1, budget) for x in v]
         if any(p is None for p in parts):
             return None
         if isinstance(v, set):
@@ -161,7 +171,8 @@ def str_value(v: Any, storage_of: StorageOf, depth: int = 0) -> str | None:
     if isinstance(v, dict):
         items = []
         for k, x in v.items():
-            ks, xs = str_value(k, storage_of, depth + 1), str_value(x, storage_of, depth + 1)
+            ks = str_value(k, storage_of, depth + 1, budget)
+            xs = str_value(x, storage_of, depth + 1, budget)
             if ks is None or xs is None:
                 return None
             items.append(f"{ks}: {xs}")

@@ -65,7 +65,7 @@ from ckptguard.core.torch.user_models import (
     check_partial_state,
     user_model,
 )
-from ckptguard.core.values import Call, Global, PersId
+from ckptguard.core.values import Call, Global, PersId, brief
 
 # FORMATS.md §3.3: torch._weights_only_unpickler._get_allowed_globals() keys
 ALLOWED_GLOBALS: frozenset[str] = frozenset(
@@ -257,7 +257,7 @@ class _Emulator:
     def tname(self, v: Any) -> str:
         t = type_name(v, self.storage_of)
         if t is None:
-            raise self.fail("Unmodelled", f"not modelled: the type of {v!r}")
+            raise self.fail("Unmodelled", f"not modelled: the type of {brief(v)}")
         return t
 
     def unpack(self, fmt: str, n: int) -> Any:
@@ -703,13 +703,13 @@ class _Emulator:
         if not isinstance(location, str):
             if type(location) in _RE_REFUSES:   # `location == "cpu"` is False, then cuda's re.match
                 raise self.fail("TypeError", _RE_REFUSES[type(location)])
-            raise self.fail("Unmodelled", f"not modelled: restoring storage location {location!r}")
+            raise self.fail("Unmodelled", f"not modelled: restoring storage location {brief(location)}")
         if restorable(location):
             return
         if (location.startswith(("mps", "meta")) or re.match(r"cuda(:|[0-9]+)", location)
                 or any(location == b or re.match(f"{b}(:|[0-9]+)", location)
                        for b in ("privateuseone", "hpu", "xpu", "mtia"))):
-            raise self.fail("Unmodelled", f"not modelled: restoring storage location {location!r}")
+            raise self.fail("Unmodelled", f"not modelled: restoring storage location {brief(location)}")
         raise self.fail("RuntimeError", "don't know how to restore data location of "
                         f"torch.storage.UntypedStorage (tagged with {location})")
 

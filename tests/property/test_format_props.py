@@ -208,7 +208,8 @@ def test_literal_parser_reads_repr(value: Any) -> None:
 
 _TOKENS = ["{", "}", "(", ")", "[", "]", ",", ":", " ", "\n", "'a'", '"b"', "1", "-", "+", "0x1",
            "1_0", "01", "1.5", "True", "None", "x", "#c\n", "\\\n", "'\\x41'", "r'\\n'", "b'z'", "2L",
-           "'''q'''", "'\\u00e9'", "\t"]
+           "'''q'''", "'\\u00e9'", "\t",
+           "'\x00'"]   # a NUL in the source itself: literal_eval refuses it
 
 
 @settings(max_examples=500, deadline=None)
