@@ -177,6 +177,11 @@ class ZipStorageResolver:
         return read_record(self.source, self.directory, entry.name, locals_=self.locals_)
 
     def check(self, key: str, nbytes: int) -> TorchError | None:
+        try:
+            key.encode("utf-8")
+        except UnicodeEncodeError:   # pybind11 cannot hand a lone surrogate to C++ as a string
+            return TorchError("TypeError", "get_storage_from_record(): incompatible function "
+                              "arguments. The following argument types are supported:")
         entry = self.directory.find(f"{self.prefix}/data/{key}")
         if entry is None:
             return missing_record_error(f"data/{key}")

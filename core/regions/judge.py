@@ -30,7 +30,7 @@ from ckptguard.core.io.source import ByteSource, BytesSource, WindowSource
 from ckptguard.core.limits import Limits
 from ckptguard.core.pickle.vm import DOTTED_NAME, GlobalUse, VmResult, run_vm
 from ckptguard.core.regions.region import Region
-from ckptguard.core.sniff import ZIP_LOCAL_MAGIC, looks_like_pickle
+from ckptguard.core.sniff import NUMPY_MAGIC, ZIP_LOCAL_MAGIC, looks_like_pickle
 from ckptguard.core.state import Analysis
 from ckptguard.core.threats.assess import assess, classify_global
 from ckptguard.core.zip.layout import FLAG_DESCRIPTOR, LOCAL_SIZE
@@ -122,9 +122,60 @@ def _judge_batch(source: ByteSource, regions: list[Region], an: Analysis, budget
             members = _zip_members(source, region, start, nbytes, content, an, budget, unjudged)
             after += members if members is not None else _local_record(source, region, start,
                                                                         nbytes, head)
+        elif head.startswith(NUMPY_MAGIC):   # before the pickle test: 0x93 is STACK_GLOBAL
+            after += _npy_object_pickle(source, region, start, content, an, budget, unjudged)
         elif looks_like_pickle(head):
             after += _judge_pickle(source, region, start, content, an, budget, unjudged)
     return after
+
+
+class _After:
+    """A region's content from `skip` bytes on (what follows an .npy header)."""
+
+    def __init__(self, content: _Content, skip: int) -> None:
+        self.content, self.skip = content, skip
+
+    @property
+    def data(self) -> bytes:
+        return self.content.data[self.skip:]
+
+    @property
+    def complete(self) -> bool:
+        return self.content.complete
+
+    @property
+    def nbytes(self) -> int:
+        return self.content.nbytes - self.skip
+
+    def grow(self, want: int, budget: _Budget) -> bool:
+        return self.content.grow(want + self.skip, budget)
+
+
+def _npy_object_pickle(source: ByteSource, region: Region, start: int, content: _Content,
+                       an: Analysis, budget: _Budget,
+                       unjudged: list[_Unjudged]) -> list[tuple[ByteSource, Region]]:
+    """An .npy: `numpy.load(..., allow_pickle=True)` (which opens any zip as an .npz) unpickles
+    the data of an object-dtype array, right after the header. That pickle is judged like
+    any region's; an array of another dtype is never unpickled."""
+    from ckptguard.core.formats.npy import parse_npy_header  # numpy: only for an .npy region
+
+    limits = an.options.limits
+    head = content.first(12)
+    width = 2 if head[6:7] == b"\x01" else 4   # the header length's bytes (format 1.0 or 2/3)
+    if len(head) < 8 + width:
+        return []
+    header_end = 8 + width + int.from_bytes(head[8:8 + width], "little")
+    if header_end > limits.max_npy_header_bytes + 12 or not content.grow(header_end + 1, budget):
+        return []
+    try:
+        _, _, dtype = parse_npy_header(content.data[8 + width:header_end], (head[6], head[7]),
+                                       limits.max_npy_header_bytes)
+    except CkptError:
+        return []   # numpy refuses the header: it unpickles nothing
+    if not dtype.hasobject:
+        return []
+    return _judge_pickle(source, region, start + header_end, _After(content, header_end),  # type: ignore[arg-type]
+                         an, budget, unjudged)
 
 
 def _locate(source: ByteSource, regions: list[Region], budget: _Budget,

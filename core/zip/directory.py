@@ -146,7 +146,11 @@ class ZipDirectory:
         hit = self.by_name.get(name)
         if hit is not None:
             return hit
-        return self.folded.get(fold_name(name.encode("utf-8", "surrogateescape")))
+        try:
+            raw = name.encode("utf-8", "surrogateescape")
+        except UnicodeEncodeError:   # a lone surrogate no name's bytes decode to
+            return None
+        return self.folded.get(fold_name(raw))
 
     def prefix(self) -> str:
         """torch's record prefix: the first entry's name up to '/' ("" if it has none).
