@@ -77,7 +77,9 @@ class TensorEntry(NamedTuple):
     nbytes: int                          # bytes the view spans
     record: str | None = None
     flags: Sequence[str] = ()            # "conj" / "neg": the logical value is the
-    # conjugate / negation of the stored bytes (torch's lazy conj and neg bits)
+    # conjugate / negation of the stored bytes (torch's lazy conj and neg bits); "to:<dtype>":
+    # a device-copy rebuild converts the stored values to that dtype; "to:meta": torch returns
+    # a meta tensor (no values) of the stored shape
 
     def to_json(self) -> dict[str, Any]:
         # a dict display, not `_asdict()` + updates: half the cost, and a 100k-tensor report

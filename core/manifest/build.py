@@ -42,7 +42,9 @@ offset of a legacy storage view); `nbytes` = itemsize x (1 + sum((size_i - 1) x 
 torch's `persistent_load` cache; a later pid that disagrees is a finding. A key the
 locator cannot place gets `data_offset` None: the container layer, which knows its
 records, reports TORCH_MISSING_RECORD. `_rebuild_device_tensor_from_cpu_tensor` is listed
-as its cpu tensor (dtype and bytes as stored), with the wrapper's requires_grad.
+as its cpu tensor (dtype, view and bytes as stored), with the wrapper's requires_grad and,
+where torch's `to` does not return those values, a flag: `to:<dtype>` (the values converted
+to that dtype) and `to:meta` (a meta tensor: no values at all).
 
 Speed: a 100k-tensor state_dict (distinct storages) takes ~0.3 s of CPU on a loaded
 2-core box, ~0.2 s of it building the 200k report records (bench/manifest_bench.py); a
@@ -204,6 +206,14 @@ def _dtype_of(value: Any) -> str:
     if type(value) is Global and value.module == "torch" and value.name in ITEMSIZE:
         return value.name
     raise _Bad(f"dtype argument {brief(value)} is not a torch dtype")
+
+
+def _device_type(value: Any) -> str | None:
+    """"meta" for "meta", "meta:0", torch.device("meta") (one copy deep); None if not a device."""
+    if type(value) is Call and value.func == Global("torch", "device") and type(value.args) is tuple \
+            and value.args:
+        value = value.args[0]
+    return value.split(":", 1)[0] if type(value) is str else None
 
 
 def _name_of(value: Any) -> str:
@@ -374,6 +384,8 @@ class _Builder:
             return
         wrapper_kind: str | None = None
         requires_grad: bool | None = None
+        to_dtype: str | None = None   # a device copy's target dtype and device
+        to_meta = False
         attrs: list[Any] = []
         node = call
         for _ in range(_MAX_WRAPPERS):
@@ -401,6 +413,10 @@ class _Builder:
                 args = _args(node, 4, 4)
                 if requires_grad is None:
                     requires_grad = _bool(args[3], "requires_grad")
+                    target = args[1]
+                    if type(target) is Global and target.module == "torch" and target.name in ITEMSIZE:
+                        to_dtype = target.name
+                    to_meta = _device_type(args[2]) == "meta"
                 # the device (xla, maia, ...) is where torch moves it; the bytes are the cpu tensor's
                 node = args[0]
             else:
@@ -409,7 +425,7 @@ class _Builder:
                 raise _Bad(f"{name} wraps {type(node).__name__}, not a tensor rebuild call")
         else:
             raise _Bad(f"more than {_MAX_WRAPPERS} nested tensor wrappers")
-        self._base(path, node, call, wrapper_kind, requires_grad, push)
+        self._base(path, node, call, wrapper_kind, requires_grad, push, (to_dtype, to_meta))
         # a tensor's python attributes (state dict, or (dict, slots) pair) are children
         for state in reversed(attrs):
             for part in reversed(state if type(state) is tuple else (state,)):
@@ -417,7 +433,7 @@ class _Builder:
                     push_all(push, path, part)
 
     def _base(self, path: _Path, node: Call, outer: Call, wrapper_kind: str | None,
-              requires_grad: bool | None, push: Any) -> None:
+              requires_grad: bool | None, push: Any, copy: tuple[str | None, bool] = (None, False)) -> None:
         name = node.func.name
         storage: _Storage | None = None
         view_byte = 0
@@ -494,6 +510,11 @@ class _Builder:
             rg = _bool(args[3], "requires_grad")
         if requires_grad is not None:
             rg = requires_grad
+        to_dtype, to_meta = copy
+        if to_dtype is not None and to_dtype != dtype:   # Tensor.to converts the stored values
+            flags = [*flags, f"to:{to_dtype}"]
+        if to_meta:   # a meta tensor: no values at all
+            flags = [*flags, "to:meta"]
         if wrapper_kind is not None and kind == "tensor":
             kind = wrapper_kind
         self.emit(path, node, kind, dtype, shape, stride, offset, storage, view_byte, view_limit, rg,
@@ -567,7 +588,8 @@ class _Builder:
                             offset=node.offset if node.offset >= 0 else None)
             if storage[0].data_offset is not None:
                 data_offset = storage[0].data_offset + start
-        if rg and not may_require_grad(dtype):
+        converted = next((f[3:] for f in flags or () if f.startswith("to:") and f != "to:meta"), dtype)
+        if rg and not may_require_grad(converted):
             self.bad(f"{name}: only tensors of floating point dtype can require gradients "
                      f"(dtype {dtype})", node)
         self.an.tensors.append(TensorEntry(

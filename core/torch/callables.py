@@ -13,9 +13,13 @@ on a non-resizable storage, requires_grad, metadata), `_rebuild_parameter[_with_
 `_rebuild_qtensor` (per-tensor / per-channel affine and float qparams, sub-byte packed
 bounds), `_rebuild_sparse_tensor`,
 `_rebuild_meta_tensor_no_storage`, `_rebuild_from_type_v2` (plain Tensor with attributes,
-user-allowlisted subclasses), OrderedDict/Counter/set/complex/bytearray/_codecs.encode/
+user-allowlisted subclasses), `_rebuild_nested_tensor` (strided),
+`_rebuild_device_tensor_from_cpu_tensor` (a plain dense tensor to cpu, meta or the policy's
+devices), `_rebuild_wrapper_subclass` (well-typed arguments: no class a fresh torch allows
+defines `__torch_dispatch__`), OrderedDict/Counter/set/complex/bytearray/_codecs.encode/
 torch.Size/torch.device/_get_layout, calling a dtype/qscheme/StorageType. Unmodelled:
-nested, wrapper-subclass and device-copy rebuilders, legacy Tensor constructors
+`_rebuild_device_tensor_from_numpy` (numpy is not allowlisted by default), a device copy to
+an int device or another backend (the host's), legacy Tensor constructors
 (torch.FloatTensor(...), NEWOBJ of Tensor/Parameter), odd argument types.
 """
 
@@ -36,6 +40,7 @@ from ckptguard.core.torch.dtypes import (
 )
 from ckptguard.core.torch.rules import (
     INT64_SAFE,
+    NO_GRAD_SETTER,
     Fail,
     StorageInfo,
     StorageOf,
@@ -43,6 +48,7 @@ from ckptguard.core.torch.rules import (
     int_seq,
     is_int,
     may_require_grad,
+    restorable,
     set_args,
     set_requires_grad,
     unmodelled,
@@ -770,6 +776,119 @@ def _device(func: Global, args: tuple[Any, ...], so: StorageOf, opcode: str, off
     return make(func, args, so, opcode, off)
 
 
+# dtypes whose every conversion into each other `Tensor.to` was measured on CPU (tests/differential)
+_CONVERTIBLE = frozenset(("float64", "float32", "float16", "bfloat16", "int64", "int32", "int16", "int8",
+                          "uint8", "bool", "complex64", "complex128"))
+# how torch's arg parser names the type of a `to()` keyword argument it refuses
+_TO_ARG_TYPES = {type(None): "NoneType", float: "float", str: "str", int: "int", dict: "dict"}
+_NON_LEAF = "you can only change requires_grad flags of leaf variables."
+_NON_LEAF_FALSE = (_NON_LEAF + " If you want to use a computed variable in a subgraph that doesn't "
+                   "require differentiation use var_no_grad = var.detach().")
+
+
+def _device_text(v: Any) -> str | None:
+    """The string a `torch.device(...)` Call was made from ("cuda:1" for ("cuda", 1))."""
+    for _ in range(8):   # torch.device(torch.device(...)) copies
+        if not (isinstance(v, Call) and v.attrs.get("type") == "torch.device" and isinstance(v.args, tuple)
+                and v.args):
+            return None
+        if isinstance(v.args[0], str):
+            index = v.args[1] if len(v.args) == 2 else None
+            return v.args[0] if index is None else f"{v.args[0]}:{index}"
+        v = v.args[0]
+    return None
+
+
+def _to_device(device: Any, dtype: Any, so: StorageOf, opcode: str, off: int) -> str:
+    """The device type `data.to(dtype=dtype, device=device)` moves a cpu tensor to.
+
+    Measured: the arg parser refuses a wrong-typed dtype or device first, then the device
+    string is parsed; a device this host lacks fails, but the cpu, meta and the policy's
+    restorable devices (cuda[:N], mps) are loadable; an int (the current accelerator) or
+    another backend depends on the host: Unmodelled."""
+    text = device if isinstance(device, str) else _device_text(device)
+    device_type = ("str" if isinstance(device, str) else "torch.device" if text is not None
+                   else "int" if is_int(device) else _TO_ARG_TYPES.get(type(device)))
+    dtype_type = "torch.dtype" if _dtype_of(dtype) is not None else _TO_ARG_TYPES.get(type(dtype))
+    if device_type is None or dtype_type is None or isinstance(dtype, bool):
+        raise unmodelled("Tensor.to() with arguments of these types")
+    if device_type not in ("str", "torch.device", "int", "NoneType") or dtype_type not in (
+            "torch.dtype", "NoneType"):
+        raise Fail("TypeError", "to() received an invalid combination of arguments - got "
+                   f"(device={device_type}, dtype={dtype_type}, ), but expected one of:")
+    if device is None:
+        return "cpu"
+    if text is None:
+        raise unmodelled("Tensor.to(device=<int>): the current accelerator is the host's")
+    _device(Global("torch", "device"), (text,), so, opcode, off)   # torch's parse errors
+    kind = text.split(":", 1)[0]
+    if kind in ("cpu", "meta") or restorable(text):
+        return kind
+    raise unmodelled(f"a device copy to {text!r} (the host's backends decide)")
+
+
+def _rebuild_device_tensor_from_cpu_tensor(func: Global, args: tuple[Any, ...], so: StorageOf, opcode: str,
+                                           off: int) -> Call:
+    """`data.to(dtype=dtype, device=device)`, then `tensor.requires_grad = requires_grad`:
+    `to` returns `data` itself when neither dtype nor device changes, else a converted copy
+    (a non-leaf if `data` requires grad)."""
+    _arity("_rebuild_device_tensor_from_cpu_tensor", args, ("data", "dtype", "device", "requires_grad"))
+    data, dtype_arg, device, rg = args
+    if data is None or isinstance(data, (bool, int, float, str, tuple, list, dict)):
+        raise Fail("AttributeError", f"'{type_name(data, so)}' object has no attribute 'to'")
+    if not (_is_tensor(data) and "view" in data.attrs):
+        raise unmodelled("a device copy of anything but a plain dense tensor")
+    kind = _to_device(device, dtype_arg, so, opcode, off)
+    source: str = data.attrs["dtype"]
+    target = _dtype_of(dtype_arg) or source
+    if target in _QDTYPES:
+        if kind != "cpu":   # meta: a NotImplementedError that lists this build's backends
+            raise unmodelled(f"a quantized copy to a {kind} device (the build's backends decide)")
+        raise Fail("RuntimeError", "empty_strided not supported on quantized tensors yet see "
+                   "https://github.com/pytorch/pytorch/issues/74540")
+    if source not in _CONVERTIBLE or target not in _CONVERTIBLE:
+        raise unmodelled(f"a device copy from {source} to {target}")
+    copied = target != source or kind != "cpu"
+    if not isinstance(rg, bool):
+        raise Fail("RuntimeError", "requires_grad must be a bool")
+    if copied and data.attrs.get("requires_grad") and may_require_grad(target):   # autograd tracks the copy
+        raise Fail("RuntimeError", _NON_LEAF if rg else _NON_LEAF_FALSE)
+    if rg and not may_require_grad(target):
+        raise Fail("RuntimeError", NO_GRAD_SETTER)
+    if not copied and rg != bool(data.attrs.get("requires_grad")):
+        # `to` returned data itself: the setter changes every other reference to it too
+        raise unmodelled("a device copy that changes requires_grad of the tensor it returns unchanged")
+    return _tensor("torch.Tensor", target, data.attrs.get("shape"), func, args, opcode, off, rg)
+
+
+def _rebuild_wrapper_subclass(func: Global, args: tuple[Any, ...], so: StorageOf, opcode: str,
+                              off: int) -> Call:
+    """`Tensor._make_wrapper_subclass(cls, size, strides=, dtype=, storage_offset=, layout=,
+    device=, requires_grad=)`: its arg parser first, then `cls` must be a Tensor subclass
+    that defines `__torch_dispatch__` (measured). No class a fresh `import torch` allows
+    does, so with well-typed arguments the answer is cls's; other argument shapes, and a
+    user-allowlisted class (which may define it), are Unmodelled."""
+    _arity("_rebuild_wrapper_subclass", args, ("cls", "dtype", "size", "stride", "storage_offset", "layout",
+                                               "device", "requires_grad"))
+    cls, dtype, size, stride, storage_offset, layout, device, rg = args
+    offset_ok = storage_offset is None or (is_int(storage_offset) and abs(storage_offset) < INT64_SAFE)
+    well_typed = (_dtype_of(dtype) in ITEMSIZE and int_seq(size) is not None and offset_ok
+                  and (stride is None or int_seq(stride) is not None)
+                  and isinstance(layout, Call) and layout.attrs.get("type") == "torch.layout"
+                  and (device is None or isinstance(device, str) or _device_text(device) is not None)
+                  and isinstance(rg, bool))
+    if not well_typed:
+        raise unmodelled("_make_wrapper_subclass's parsing of these arguments")
+    if cls is None or isinstance(cls, (bool, int, float, str, tuple, list, dict)):
+        raise Fail("TypeError", f"cls must be a type (got {type(cls).__name__})")
+    if isinstance(cls, Global) and cls.full in ("torch.Tensor", "torch.nn.parameter.Parameter"):
+        raise Fail("TypeError", f"{cls.name} must define __torch_dispatch__")
+    if isinstance(cls, Global) and cls.full in ALLOWED_CLASSES:
+        raise Fail("TypeError", "Creating a Tensor subclass from a class that does not inherit from Tensor "
+                   "is not possible. Make sure your class inherits from Tensor.")
+    raise unmodelled("_rebuild_wrapper_subclass of a class a fresh torch does not allow")
+
+
 def _get_layout(func: Global, args: tuple[Any, ...], so: StorageOf, opcode: str, off: int) -> Call:
     _arity("_get_layout", args, ("name",))
     name = args[0]
@@ -806,6 +925,8 @@ _MODELS: dict[str, _Model] = {
     "torch._utils._rebuild_qtensor": _rebuild_qtensor,
     "torch._utils._rebuild_sparse_tensor": _rebuild_sparse_tensor,
     "torch._utils._rebuild_meta_tensor_no_storage": _rebuild_meta,
+    "torch._utils._rebuild_device_tensor_from_cpu_tensor": _rebuild_device_tensor_from_cpu_tensor,
+    "torch._utils._rebuild_wrapper_subclass": _rebuild_wrapper_subclass,
 }
 ALLOWED_CLASSES = frozenset(CLASSES) | TENSOR_TYPE_GLOBALS
 

@@ -19,8 +19,9 @@ Assumptions (each a deliberate choice, see tests/differential):
   allowlisting it asserts); a user-allowlisted *function*'s result type is unknown;
 - sparse invariant checks are off (torch's default), so sparse tensors are judged on
   their shapes only; nested tensors (strided) through their metadata records, read by the
-  resolver; wrapper-subclass and device-copy rebuilds are Unmodelled (their checks depend
-  on the host).
+  resolver; a device-copy rebuild to cpu, meta or a restorable device is modelled, one to
+  an int device (the current accelerator) or another backend is Unmodelled (the host's);
+  a wrapper-subclass rebuild fails for every class a fresh torch allows.
 """
 
 from __future__ import annotations

@@ -464,6 +464,21 @@ def test_old_rebuild_tensor_and_device_wrappers() -> None:
     assert an.findings == []
 
 
+def test_device_copies_flag_values_that_are_not_the_stored_bytes() -> None:
+    def copy(dtype: str, device: object) -> Call:
+        return Call(Global(U, "_rebuild_device_tensor_from_cpu_tensor"),
+                    (v2(pid("1", HALF, 4), 0, (4,), (1,)), Global("torch", dtype), device, False))
+
+    meta = Call(Global("torch", "device"), ("meta",))
+    an = manifest({"same": copy("float16", "cpu"), "wider": copy("float32", "cuda:0"),
+                   "meta": copy("float16", meta), "both": copy("int8", "meta:0")})
+    got = [(t.name, t.dtype, t.storage, t.data_offset, t.nbytes, tuple(t.flags)) for t in an.tensors]
+    assert got == [("same", "float16", "1", 1100, 8, ()), ("wider", "float16", "1", 1100, 8, ("to:float32",)),
+                   ("meta", "float16", "1", 1100, 8, ("to:meta",)),
+                   ("both", "float16", "1", 1100, 8, ("to:int8", "to:meta"))]
+    assert an.findings == []
+
+
 def test_sparse_coo_legacy_three_tuple_and_bad_data() -> None:
     layout = Global("torch", "sparse_coo")
     ok = Call(Global(U, "_rebuild_sparse_tensor"),
