@@ -18,7 +18,8 @@ user-allowlisted subclasses), `_rebuild_nested_tensor` (strided),
 devices), `_rebuild_wrapper_subclass` (well-typed arguments: no class a fresh torch allows
 defines `__torch_dispatch__`), OrderedDict/Counter/set/complex/bytearray/_codecs.encode/
 torch.Size/torch.device/_get_layout, calling a dtype/qscheme/StorageType. Unmodelled:
-`_rebuild_device_tensor_from_numpy` (numpy is not allowlisted by default), a device copy to
+`_rebuild_device_tensor_from_numpy` of an ndarray (numpy is not allowlisted by default;
+anything but an ndarray gets from_numpy's TypeError), a device copy to
 an int device or another backend (the host's), legacy Tensor constructors
 (torch.FloatTensor(...), NEWOBJ of Tensor/Parameter), odd argument types.
 """
@@ -861,6 +862,17 @@ def _rebuild_device_tensor_from_cpu_tensor(func: Global, args: tuple[Any, ...], 
     return _tensor("torch.Tensor", target, data.attrs.get("shape"), func, args, opcode, off, rg)
 
 
+def _rebuild_device_tensor_from_numpy(func: Global, args: tuple[Any, ...], so: StorageOf, opcode: str,
+                                      off: int) -> Call:
+    """`torch.from_numpy(data).to(dtype=, device=)`: an ndarray needs numpy globals that a
+    fresh torch does not allow; what `from_numpy` says to anything else is modelled."""
+    _arity("_rebuild_device_tensor_from_numpy", args, ("data", "dtype", "device", "requires_grad"))
+    data = args[0]
+    if data is None or isinstance(data, (bool, int, float, str, tuple, list, dict)):
+        raise Fail("TypeError", f"expected np.ndarray (got {type_name(data, so)})")
+    raise unmodelled("_rebuild_device_tensor_from_numpy of an ndarray (user-allowlisted numpy)")
+
+
 def _rebuild_wrapper_subclass(func: Global, args: tuple[Any, ...], so: StorageOf, opcode: str,
                               off: int) -> Call:
     """`Tensor._make_wrapper_subclass(cls, size, strides=, dtype=, storage_offset=, layout=,
@@ -927,6 +939,7 @@ _MODELS: dict[str, _Model] = {
     "torch._utils._rebuild_meta_tensor_no_storage": _rebuild_meta,
     "torch._utils._rebuild_device_tensor_from_cpu_tensor": _rebuild_device_tensor_from_cpu_tensor,
     "torch._utils._rebuild_wrapper_subclass": _rebuild_wrapper_subclass,
+    "torch._utils._rebuild_device_tensor_from_numpy": _rebuild_device_tensor_from_numpy,
 }
 ALLOWED_CLASSES = frozenset(CLASSES) | TENSOR_TYPE_GLOBALS
 

@@ -9,7 +9,8 @@ over a generated product of arguments: data tensors of several dtypes, views, tr
 requires_grad; target dtypes equal, different and not dtypes; devices as strings,
 `torch.device`s, ints and garbage; requires_grad bools and non-bools; wrong arities. The scan
 must give torch's answer (loadable, error type, first line), and for a file torch loads, the
-manifest entry of "x" must describe the tensor torch returns.
+manifest entry of "x" must describe the tensor torch returns. `_rebuild_device_tensor_from_numpy`
+is checked where a fresh torch answers without numpy: its globals are not allowed.
 
 The policy (core.torch.weights_only): a copy to "cuda[:N]" or "mps" is loadable whatever this
 CPU-only host says; such a case must get the answer of the same call with device "meta" (a copy
@@ -225,6 +226,26 @@ def test_wrapper_subclasses_answer_as_torch() -> None:
 @pytest.mark.parametrize("n", [0, 1, 7, 9])
 def test_wrapper_subclass_arity_is_torchs(n: int) -> None:
     from torch._utils import _rebuild_wrapper_subclass as rebuild
+
+    data, want, _ = _answer(Call(rebuild, *range(n)))
+    assert _scan(data)[0] == want
+
+
+@pytest.mark.parametrize("data", ["array", 3, None, [1.0, 2.0], "s", 1.5, {}], ids=repr)
+def test_numpy_device_copies_answer_as_torch(data: Any) -> None:
+    """A fresh torch refuses numpy's globals before the call; anything else is from_numpy's."""
+    import numpy as np
+    from torch._utils import _rebuild_device_tensor_from_numpy as rebuild
+
+    array = np.arange(4, dtype=np.float32) if data == "array" else data
+    blob, want, _ = _answer(Call(rebuild, array, torch.float32, "cpu", False))
+    assert _scan(blob)[0] == want
+    assert not want[0]
+
+
+@pytest.mark.parametrize("n", [0, 3, 5])
+def test_numpy_device_copy_arity_is_torchs(n: int) -> None:
+    from torch._utils import _rebuild_device_tensor_from_numpy as rebuild
 
     data, want, _ = _answer(Call(rebuild, *range(n)))
     assert _scan(data)[0] == want
