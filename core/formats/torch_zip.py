@@ -311,9 +311,13 @@ def _read_small_records(source: ByteSource, directory: ZipDirectory, entries: li
 def unreadable_records(source: ByteSource, directory: ZipDirectory,
                        locals_: Mapping[int, LocalHeader], wanted: Iterable[ZipEntry]) -> set[int]:
     """Entries of `wanted` whose bytes miniz cannot reach: no valid local header, or data
-    past the end of the file ("invalid header or archive is corrupted")."""
+    past the end of the file ("invalid header or archive is corrupted"). An entry of no
+    bytes is always reachable: miniz's extract returns before it reads the local header
+    ("Empty file, or a directory")."""
     bad = set()
     for e in wanted:
+        if e.compressed_size == 0:
+            continue
         local = locals_.get(e.index)
         if local is None or local.data_offset + e.compressed_size > source.size:
             bad.add(e.index)
