@@ -35,6 +35,7 @@ from ckptguard.core.torch.weights_only import (
     WeightsOnlyResult,
     emulate,
     safe_globals_hint,
+    torch_split,
     unsafe_globals,
 )
 from ckptguard.core.values import Call, Global, PersId
@@ -70,7 +71,7 @@ def scan_pickle(data: bytes | memoryview, an: Analysis, *, record: str | None,
     if scan is None:
         wo = emulate(view, allow=opts.allow, resolver=resolver, base_offset=base,
                      limits=opts.limits, legacy=legacy, persistent_load=persistent_load)
-        vm = run_vm(view, base_offset=base, limits=opts.limits)
+        vm = run_vm(view, base_offset=base, limits=opts.limits, node_name=torch_split)
         root = wo.root if wo.error is None else vm.root
         end = vm.end if vm.complete else wo.end
         scan = PickleScan(wo, vm, root, wo.storages, end)

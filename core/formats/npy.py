@@ -26,8 +26,8 @@ import numpy as np
 
 from ckptguard.core.errors import CkptError, Code, FormatError, LimitExceeded, SourceError
 from ckptguard.core.filemap import add_region
-from ckptguard.core.formats.pyliteral import LiteralError, parse_literal
 from ckptguard.core.io.source import ByteSource, BytesSource, WindowSource
+from ckptguard.core.npyheader import parse_npy_header
 from ckptguard.core.regions.region import declare_entry
 from ckptguard.core.report import TensorEntry, WeightsOnly
 from ckptguard.core.state import Analysis
@@ -36,7 +36,6 @@ from ckptguard.core.zip.directory import LocalHeader, ZipDirectory, ZipEntry, re
 
 MAGIC = b"\x93NUMPY"
 HEAD_READ = 4096                    # one read covers numpy's usual 128-byte headers
-EXPECTED_KEYS = frozenset({"descr", "fortran_order", "shape"})
 OBJECT_ERROR = "Object arrays cannot be loaded when allow_pickle=False"
 NPY_MAXDIMS = 64                    # numpy 2.x: more dimensions is a ValueError
 INTP_MAX = 2**63 - 1                # numpy's intp on 64-bit builds
@@ -302,74 +301,3 @@ def read_npy_header(source: ByteSource, max_header: int) -> NpyHeader:
     return NpyHeader(version, shape, fortran, dtype, data_pos)
 
 
-def parse_npy_header(raw: bytes, version: tuple[int, int], max_header: int, *,
-                     offset: int = 0) -> tuple[tuple[int, ...], bool, np.dtype[Any]]:
-    """The header bytes -> (shape, fortran_order, dtype), exactly numpy's acceptance."""
-    def bad(msg: str) -> FormatError:
-        return FormatError(Code.NPY_BAD_HEADER, msg, offset=offset)
-
-    try:
-        text = raw.decode("latin1" if version < (3, 0) else "utf8")
-    except UnicodeDecodeError as exc:
-        raise bad(f"header is not UTF-8: {exc.reason}") from exc
-    if len(text) > max_header:
-        raise LimitExceeded(Code.LIMIT_HEADER, f"Header info length ({len(text)}) is large and "
-                            "may not be safe to load securely", offset=offset)
-    try:
-        d = parse_literal(text, max_len=max_header, allow_long_suffix=version <= (2, 0))
-    except LiteralError as exc:
-        raise bad(f"Cannot parse header: {exc}") from exc
-    if not isinstance(d, dict):
-        raise bad(f"Header is not a dictionary: {_short(d)}")
-    if d.keys() != EXPECTED_KEYS:
-        raise bad(f"Header does not contain the correct keys: {_short(sorted(map(repr, d)))}")
-    shape = d["shape"]
-    if not isinstance(shape, tuple) or not all(isinstance(x, int) for x in shape):
-        raise bad(f"shape is not valid: {_short(shape)}")
-    if not isinstance(d["fortran_order"], bool):
-        raise bad(f"fortran_order is not a valid bool: {_short(d['fortran_order'])}")
-    try:
-        dtype = descr_to_dtype(d["descr"], 0)
-    except RecursionError as exc:
-        raise bad("descr nests too deeply") from exc
-    except Exception as exc:  # numpy.dtype raises TypeError/ValueError/KeyError/... on bad descrs
-        raise bad(f"descr is not a valid dtype descriptor: {_short(d['descr'])} "
-                  f"({type(exc).__name__})") from exc
-    return tuple(int(x) for x in shape), d["fortran_order"], dtype
-
-
-def descr_to_dtype(descr: Any, depth: int) -> np.dtype[Any]:
-    """numpy.lib.format.descr_to_dtype on a parsed literal (padding fields dropped)."""
-    if depth > 32:
-        raise RecursionError("descr nesting")
-    if isinstance(descr, str):
-        return np.dtype(descr)
-    if isinstance(descr, tuple):
-        return np.dtype((descr_to_dtype(descr[0], depth + 1), descr[1]))
-    titles: list[Any] = []
-    names: list[Any] = []
-    formats: list[np.dtype[Any]] = []
-    offsets: list[int] = []
-    offset = 0
-    for field in descr:
-        if len(field) == 2:
-            name, sub = field
-            dt = descr_to_dtype(sub, depth + 1)
-        else:
-            name, sub, shape = field
-            dt = np.dtype((descr_to_dtype(sub, depth + 1), shape))
-        is_pad = name == "" and dt.type is np.void and dt.names is None
-        if not is_pad:
-            title, name = name if isinstance(name, tuple) else (None, name)
-            titles.append(title)
-            names.append(name)
-            formats.append(dt)
-            offsets.append(offset)
-        offset += dt.itemsize
-    return np.dtype({"names": names, "formats": formats, "titles": titles,
-                     "offsets": offsets, "itemsize": offset})
-
-
-def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 200 else text[:200] + "..."

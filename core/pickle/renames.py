@@ -46,23 +46,6 @@ def torch_map(module: str, name: str) -> tuple[str, str]:
     return TORCH_IMPORT_MAPPING.get(module, module), name
 
 
-def torch_split(module: str, name: str) -> tuple[str, str]:
-    """A global as torch's tables name it. torch's unpickler looks a GLOBAL up by its joined
-    path (`f"{module}.{name}"`), so `torch` + `_utils._rebuild_tensor_v2` is the allowlisted
-    `_rebuild_tensor_v2` itself: a path torch allowlists is split at its last dot, the way the
-    emulator, the fast paths and the manifest name it. Any other name keeps its split (the
-    threat analysis reads each component of a dotted name)."""
-    if "." not in name:
-        return module, name
-    from ckptguard.core.torch.weights_only import ALLOWED_GLOBALS, BASELINE_USER_GLOBALS
-
-    full = f"{module}.{name}"
-    if full in ALLOWED_GLOBALS or full in BASELINE_USER_GLOBALS:
-        head, _, tail = full.rpartition(".")
-        return head, tail
-    return module, name
-
-
 def python_map(module: str, name: str, protocol: int) -> tuple[str, str]:
     """`pickle.Unpickler.find_class`'s mapping with fix_imports=True (protocol < 3 only)."""
     if protocol >= 3:

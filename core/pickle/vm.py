@@ -49,7 +49,7 @@ from ckptguard.core.pickle.opcodes import (
     decode_string_line,
     decode_unicode_line,
 )
-from ckptguard.core.pickle.renames import python_map, torch_split
+from ckptguard.core.pickle.renames import python_map
 from ckptguard.core.values import Buffer, Call, ExtRef, Global, PersId, Unhashable
 
 if TYPE_CHECKING:
@@ -102,13 +102,20 @@ class VmResult:
     error: CkptError | None = None
 
 
+NodeName = Callable[[str, str], tuple[str, str]]
+
+
 class _Stop(Exception):
     """STOP reached (raised once, so the loop needs no per-opcode test)."""
 
 
 def run_vm(data: bytes | memoryview, *, start: int = 0, base_offset: int = 0,
-           limits: Limits = DEFAULT_LIMITS) -> VmResult:
+           limits: Limits = DEFAULT_LIMITS, node_name: NodeName | None = None) -> VmResult:
     """Interpret the pickle at `data[start:]` symbolically; never raises for any bytes.
+
+    `node_name` names each global's node (module, name) from pickle's mapped names: the
+    judge passes the torch layer's `torch_split`, so the manifest reads a dotted path torch
+    allowlists as torch finds it; the recorded globals keep pickle's names either way.
 
     >>> r = run_vm(b"cos\\nsystem\\n(S'id'\\ntR.")
     >>> r.complete, r.globals[0].module, r.calls[0].args
@@ -122,7 +129,7 @@ def run_vm(data: bytes | memoryview, *, start: int = 0, base_offset: int = 0,
     gc_was_enabled = gc.isenabled()
     gc.disable()
     try:
-        return _Machine(buf, start, base_offset, limits).run()
+        return _Machine(buf, start, base_offset, limits, node_name).run()
     finally:
         if gc_was_enabled:
             gc.enable()
@@ -206,7 +213,9 @@ def _unlink(functions: list[Callable[[int], int]]) -> None:
 class _Machine:
     """State of one interpretation; `run` is the loop, `_dispatch` builds the handlers."""
 
-    def __init__(self, data: bytes, start: int, base_offset: int, limits: Limits) -> None:
+    def __init__(self, data: bytes, start: int, base_offset: int, limits: Limits,
+                 node_name: NodeName | None = None) -> None:
+        self.node_name = node_name
         self.data = data
         self.start = start
         self.base = base_offset
@@ -278,7 +287,7 @@ class _Machine:
         view = file_reader_view(data, self.start)
         if view is None:
             return
-        hidden = run_vm(view.data, limits=self.limits)
+        hidden = run_vm(view.data, limits=self.limits, node_name=self.node_name)
         res, at = self.result, view.diverges_at
 
         def where(pos: int) -> int:
@@ -327,7 +336,7 @@ class _Machine:
                       f"{opcode} {raw_module[:100]!r} {raw_name[:100]!r} is not a dotted identifier", pos)
         module, name = python_map(raw_module, raw_name, self.proto)
         self.result.globals.append(GlobalUse(module, name, raw_module, raw_name, opcode, self.base + pos))
-        return Global(*torch_split(module, name))   # the node: as the manifest and torch name it
+        return Global(*self.node_name(module, name)) if self.node_name else Global(module, name)
 
     def computed_global(self, module: Any, name: Any, pos: int) -> tuple[str, str]:
         """STACK_GLOBAL operands that are not literal strings: fold what pure calls compute

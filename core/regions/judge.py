@@ -157,7 +157,7 @@ def _npy_object_pickle(source: ByteSource, region: Region, start: int, content: 
     """An .npy: `numpy.load(..., allow_pickle=True)` (which opens any zip as an .npz) unpickles
     the data of an object-dtype array, right after the header. That pickle is judged like
     any region's; an array of another dtype is never unpickled."""
-    from ckptguard.core.formats.npy import parse_npy_header  # numpy: only for an .npy region
+    from ckptguard.core.npyheader import parse_npy_header  # numpy: only for an .npy region
 
     limits = an.options.limits
     head = content.first(12)

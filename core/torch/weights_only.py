@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ckptguard.core.limits import DEFAULT_LIMITS, Limits
-from ckptguard.core.pickle.renames import torch_map, torch_split
+from ckptguard.core.pickle.renames import torch_map
 from ckptguard.core.torch.callables import (
     CLASSES,
     HASH_VISITS_MAX,
@@ -82,6 +82,21 @@ BASELINE_USER_GLOBALS: frozenset[str] = frozenset((
     "torch.distributed._mesh_layout._MeshLayout",
     "torch.distributed._mesh_layout._FlatLayout",
 ))
+
+def torch_split(module: str, name: str) -> tuple[str, str]:
+    """A global as torch's tables name it. torch's unpickler looks a GLOBAL up by its joined
+    path (`f"{module}.{name}"`), so `torch` + `_utils._rebuild_tensor_v2` is the allowlisted
+    `_rebuild_tensor_v2` itself: a path torch allowlists is split at its last dot, the way the
+    emulator, the fast paths and the manifest name it. Any other name keeps its split (the
+    threat analysis reads each component of a dotted name)."""
+    if "." not in name:
+        return module, name
+    full = f"{module}.{name}"
+    if full in ALLOWED_GLOBALS or full in BASELINE_USER_GLOBALS:
+        head, _, tail = full.rpartition(".")
+        return head, tail
+    return module, name
+
 
 _NJT = ("torch.nested._internal.nested_tensor.NestedTensor",
         "torch.nested._internal.nested_tensor._rebuild_njt", "torch._dynamo.decorators._DimRange")
@@ -471,7 +486,9 @@ class _Emulator:
         err = _global_error(module, name, self.allowed)
         if err is not None:
             raise self.fail("UnpicklingError", err)
-        return Global(*torch_split(module, name))
+        if "." in name:   # allowed: torch found it by the joined path, whatever the split
+            module, _, name = f"{module}.{name}".rpartition(".")
+        return Global(module, name)
 
     def op_newobj(self, cls: Any, args: Any) -> Any:
         if isinstance(cls, Global) and cls.full == "torch.nn.parameter.Parameter":

@@ -28,7 +28,7 @@ NOT_OURS = {
     "manifest/keynames.py:_MAX_SET_MEMBERS": "a larger set key is named by its size (a naming rule)",
     "manifest/build.py:_MAX_WRAPPERS": "torch nests at most parameter(from_type(v2)): deeper is not torch",
     "threats/graph.py:_MAX_PATH_DEPTH": "how deep a call chain is spelled out in a finding",
-    "formats/pyliteral.py:MAX_DEPTH": "the .npy header grammar: numpy writes flat dicts",
+    "pyliteral.py:MAX_DEPTH": "the .npy header grammar: numpy writes flat dicts",
     "formats/export/expressions.py:_MAX_EXPR_DEPTH": "the plain-expression grammar torch writes",
     "formats/export/expressions.py:_MAX_CONST_BITS": "the plain-expression grammar torch writes",
     "formats/export/expressions.py:_MAX_EXPONENT": "the plain-expression grammar torch writes",

@@ -24,7 +24,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
      "ckptguard.core.report", "ckptguard.core.state", "ckptguard.core.zip.layout",
      "ckptguard.core.regions.region"),   # a region record: every layer may declare one
     ("ckptguard.core.io",),
-    ("ckptguard.core.sniff",),
+    # what a file's first bytes say: the sniff, and an .npy header (numpy's literal grammar)
+    ("ckptguard.core.sniff", "ckptguard.core.pyliteral", "ckptguard.core.npyheader"),
     ("ckptguard.core.zip",),
     ("ckptguard.core.pickle",),
     ("ckptguard.core.torch",),

@@ -21,8 +21,8 @@ from hypothesis import strategies as st
 
 from ckptguard.core.errors import CkptError, Code
 from ckptguard.core.formats import npy, safetensors
-from ckptguard.core.formats.pyliteral import LiteralError, parse_literal
 from ckptguard.core.io.source import BytesSource
+from ckptguard.core.pyliteral import LiteralError, parse_literal
 from ckptguard.core.scan import scan_source
 from ckptguard.core.state import Analysis
 from tests.core.formats.fmt_cases import (
@@ -254,7 +254,7 @@ def test_an_indented_line_joined_by_a_backslash_is_still_indented() -> None:
     for literal_eval (the logical line starts indented); the parser accepted it."""
     import ast
 
-    from ckptguard.core.formats.pyliteral import LiteralError, parse_literal
+    from ckptguard.core.pyliteral import LiteralError, parse_literal
 
     text = "#c\n\t\\\n0x1"
     with pytest.raises(SyntaxError):

@@ -30,7 +30,7 @@ from typing import Any
 from ckptguard.core.errors import Decline
 from ckptguard.core.limits import DEFAULT_LIMITS
 from ckptguard.core.pickle.fast.containers import BuildLedger, CheckedDict, CheckedList
-from ckptguard.core.pickle.renames import torch_map, torch_split
+from ckptguard.core.pickle.renames import torch_map
 
 _MAX_MEMO_INDEX_FLOOR = 1 << 20
 
@@ -146,9 +146,11 @@ def tokenize(data: bytes, allowed: Callable[[str], bool], *, newobj: bool = Fals
                 raw_name = data[nl1 + 1:nl2].decode("utf-8")
             except UnicodeDecodeError as exc:
                 raise Decline("GLOBAL not utf-8") from exc
-            module, name = torch_split(*torch_map(raw_module, raw_name))
+            module, name = torch_map(raw_module, raw_name)
             if not allowed(f"{module}.{name}"):
                 raise Decline(f"global {module}.{name} is not allowlisted")
+            if "." in name:   # torch finds an allowlisted path by its joined string, whatever
+                module, _, name = f"{module}.{name}".rpartition(".")   # the split: its tables'
             toks.globals.append((module, name, raw_module, raw_name, pos))
             pos = nl2 + 1
         elif op == 0x72:  # LONG_BINPUT with a large index: bound it (the C memo is an array)
@@ -213,7 +215,8 @@ class StubUnpickler(pickle.Unpickler):
         stream = io.BufferedReader(io.BytesIO(source), buffer_size=max(len(source), 1))
         super().__init__(stream, fix_imports=False, encoding="utf-8")
         self.stubs: dict[tuple[str, str], Any] = {}
-        self.walked = [(module, name) for module, name, _, _, _ in toks.globals]
+        # (raw module, raw name, the walk's name for it) of each GLOBAL, in order
+        self.walked = [(raw_m, raw_n, (module, name)) for module, name, raw_m, raw_n, _ in toks.globals]
         self.globals_met = 0
         self.builds_expected = toks.builds
         # every BUILD a stub's __setstate__ judged; the C unpickler runs BUILD on an object
@@ -227,10 +230,10 @@ class StubUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
         if module == "__ckptguard__":   # our own rewrites (a pickle's own GLOBAL of this
             return _REWRITTEN[module, name]   # name is not allowlisted: the walk declined it)
-        mapped = torch_split(*torch_map(module, name))
         met = self.globals_met
-        if met >= len(self.walked) or self.walked[met] != mapped:
+        if met >= len(self.walked) or self.walked[met][:2] != (module, name):
             raise Decline(f"global {module}.{name} was not seen by the opcode walk")
+        mapped = self.walked[met][2]
         self.globals_met = met + 1
         stub = self.stubs.get(mapped)
         if stub is None:
