@@ -54,7 +54,7 @@ from ckptguard.core.torch.rules import (
     set_requires_grad,
     unmodelled,
 )
-from ckptguard.core.torch.tensor_build import TensorView
+from ckptguard.core.torch.tensor_build import TensorView, contiguous
 from ckptguard.core.values import Call, Global, PersId
 
 QSCHEMES = frozenset(("per_tensor_affine", "per_tensor_symmetric", "per_channel_affine",
@@ -534,7 +534,7 @@ def rebuild_nested_tensor(func: Global, args: Any, so: StorageOf, opcode: str, o
         raise unmodelled("a nested buffer that is not a whole 1-D storage")
     rows = []
     for (st, dtype, shape, stride, offset), want_dim in zip(meta, (2, 2, 1), strict=True):
-        if dtype != "int64" or len(shape) != want_dim or stride != _contiguous(shape):
+        if dtype != "int64" or len(shape) != want_dim or stride != contiguous(shape):
             raise unmodelled("nested metadata that is not a contiguous int64 tensor")
         numel = shape[0] * (shape[1] if want_dim == 2 else 1)
         if (offset + numel) * 8 > NESTED_META_MAX:
@@ -555,14 +555,6 @@ def rebuild_nested_tensor(func: Global, args: Any, so: StorageOf, opcode: str, o
     c = _tensor("torch.Tensor", buf_dtype, None, func, args, opcode, off)
     c.attrs["nested"] = n
     return c
-
-
-def _contiguous(shape: tuple[int, ...]) -> tuple[int, ...]:
-    acc, out = 1, []
-    for dim in reversed(shape):
-        out.append(acc)
-        acc *= max(dim, 1)
-    return tuple(reversed(out))
 
 
 def _plain_view(v: Any, so: StorageOf) -> tuple[StorageInfo, str, tuple[int, ...], tuple[int, ...],
