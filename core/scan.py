@@ -13,6 +13,7 @@ Example:
 
 from __future__ import annotations
 
+import errno
 import gc
 import logging
 import os
@@ -87,6 +88,11 @@ def _analyze_guarded(source: ByteSource, an: Analysis, info: SourceInfo) -> None
     except MemoryError:
         an.add(Code.RESOURCE_LIMIT, "out of memory while scanning")
     except Exception as exc:  # a scanner bug must not crash the caller or hide the input
+        if isinstance(exc, OSError) and exc.errno == errno.ENOMEM:
+            # the memory cap met in a system call (a lazy import listing a directory under
+            # RLIMIT_AS) is no MemoryError, but it is the same limit
+            an.add(Code.RESOURCE_LIMIT, f"out of memory while scanning ({exc.strerror})")
+            return
         log.exception("internal error while scanning %s", source.name)
         an.add(Code.INTERNAL_ERROR, f"{type(exc).__name__}: {exc}")
 

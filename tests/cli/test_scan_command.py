@@ -203,9 +203,10 @@ def test_an_internal_error_exits_70_and_shows_the_traceback_only_with_debug(
 
 
 def test_a_scan_past_its_memory_limit_is_invalid_never_a_crash(model_dir: Path, tmp_path: Path) -> None:
-    # two torch zips (two targets: the sandboxed pool): their column lane needs numpy, whose
-    # BLAS cannot even start in 100 MiB of address space. (A plain pickle now fits: numpy is
-    # imported only where columns are used.)
+    # two torch zips (two targets: the sandboxed pool): their column lane needs numpy, which
+    # does not fit in 100 MiB of address space with the scan (MemoryError, or ENOMEM from a
+    # system call inside an import). (A plain pickle now fits: numpy is imported only where
+    # columns are used.)
     twin = tmp_path / "twin.pt"
     twin.write_bytes((model_dir / "good.pt").read_bytes())
     out = run("scan", str(model_dir / "good.pt"), str(twin), "--memory-mb", "100", "--format", "jsonl")

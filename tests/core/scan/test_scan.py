@@ -84,6 +84,22 @@ def test_report_json_has_the_contract_fields() -> None:
     assert set(out["weights_only"]) >= {"loadable", "error", "unsafe_globals"}
 
 
+def test_the_memory_cap_met_in_a_system_call_is_the_memory_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under RLIMIT_AS a lazy import can fail with OSError(ENOMEM) where Python allocates
+    nothing itself (measured on Debian's 3.11.2: importlib listing a directory): that is the
+    memory limit (RESOURCE_LIMIT), not a scanner bug with a traceback (INTERNAL_ERROR)."""
+    import errno
+
+    from ckptguard.core import scan as scan_module
+
+    def out_of_memory(*args: object) -> None:
+        raise OSError(errno.ENOMEM, "Cannot allocate memory", "/some/package")
+
+    monkeypatch.setattr(scan_module, "_analyze", out_of_memory)
+    codes = _codes(scan_source(BytesSource(pickle.dumps([1], protocol=2))))
+    assert Code.RESOURCE_LIMIT in codes and Code.INTERNAL_ERROR not in codes
+
+
 def test_every_manifest_row_serialises_each_of_its_fields_once() -> None:
     """Tensor, storage and region rows are written out as dict displays (for speed): their
     keys must be the rows' own fields, in order, with every value (a new field that the
