@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -269,11 +270,7 @@ def test_signed_notification_with_retry(make_client: MakeClient, receiver: Recei
     client = make_client(notify_url=receiver.url, notify_secret="n0tify")
     deliver(client, payload(REV_A))
     wait_done(client, REV_A)
-    for _ in range(100):
-        doc = client.get(f"/hub/models/{REPO}/revisions/{REV_A}").json()
-        if doc["notification"] != "pending":
-            break
-        threading.Event().wait(0.1)
+    doc = wait_notified(client, REV_A)
     assert doc["notification"] == "sent" and len(receiver.bodies) == 2
     body, headers = receiver.bodies[-1]
     assert verify("n0tify", body, headers[SIGNATURE_HEADER])
@@ -284,12 +281,16 @@ def test_signed_notification_with_retry(make_client: MakeClient, receiver: Recei
 
 
 def wait_notified(client: TestClient, sha: str) -> dict[str, Any]:
-    for _ in range(200):
+    """The revision once its notification is settled (sent or failed). The bound is generous:
+    a retry waits out its backoff, and a loaded CI machine once took more than 10 s."""
+    deadline = time.monotonic() + 60
+    while True:
         doc: dict[str, Any] = client.get(f"/hub/models/{REPO}/revisions/{sha}").json()
         if doc["state"] in ("done", "failed") and doc["notification"] != "pending":
             return doc
+        if time.monotonic() > deadline:
+            raise AssertionError(doc)
         threading.Event().wait(0.05)
-    raise AssertionError(doc)
 
 
 def test_failed_revision_is_notified_and_a_dead_receiver_recorded(make_client: MakeClient) -> None:
