@@ -14,6 +14,18 @@ from ckptguard.core.pyliteral import LiteralError, parse_literal
 EXPECTED_KEYS = frozenset({"descr", "fortran_order", "shape"})
 
 
+def declared_header(head: bytes) -> tuple[tuple[int, int], int, int] | None:
+    """(version, where the header text starts, its length) as an .npy's first 12 bytes
+    declare them; None where numpy stops first (a version it does not read, too few bytes)."""
+    if len(head) < 10 or head[6:8] not in (b"\x01\x00", b"\x02\x00", b"\x03\x00"):
+        return None
+    if head[6] == 1:
+        return (1, 0), 10, int.from_bytes(head[8:10], "little")
+    if len(head) < 12:
+        return None
+    return (head[6], 0), 12, int.from_bytes(head[8:12], "little")
+
+
 def parse_npy_header(raw: bytes, version: tuple[int, int], max_header: int, *,
                      offset: int = 0) -> tuple[tuple[int, ...], bool, np.dtype[Any]]:
     """The header bytes -> (shape, fortran_order, dtype), exactly numpy's acceptance."""

@@ -27,7 +27,7 @@ import numpy as np
 from ckptguard.core.errors import CkptError, Code, FormatError, LimitExceeded, SourceError
 from ckptguard.core.filemap import add_region
 from ckptguard.core.io.source import ByteSource, BytesSource, WindowSource
-from ckptguard.core.npyheader import parse_npy_header
+from ckptguard.core.npyheader import declared_header, parse_npy_header
 from ckptguard.core.regions.region import declare_entry
 from ckptguard.core.report import TensorEntry, WeightsOnly
 from ckptguard.core.state import Analysis
@@ -103,7 +103,8 @@ def analyze_zip(source: ByteSource, directory: ZipDirectory, an: Analysis) -> No
                 continue
             # each header is capped, but thousands of them still cost seconds and gigabytes:
             # charge what this one declares before parsing it, stop (fail closed) when spent
-            headers_left -= min(_declared_header_len(head), member.size)
+            declared = declared_header(head)
+            headers_left -= min(declared[2] if declared else 0, member.size)
             if headers_left < 0:
                 an.add(Code.LIMIT_HEADER, f"the .npy headers of this .npz exceed "
                        f"{limits.max_npy_headers_total} bytes together: {name} and the "
@@ -130,15 +131,6 @@ def _member_source(source: ByteSource, directory: ZipDirectory, entry: ZipEntry,
             local.data_offset
     data = read_record(source, directory, entry.name, max_nbytes=max_nbytes)
     return BytesSource(data, name=entry.name), None
-
-
-def _declared_header_len(head: bytes) -> int:
-    """The header length a .npy's first 12 bytes declare (0 where read_npy_header stops first)."""
-    if len(head) < 10 or head[6:8] not in (b"\x01\x00", b"\x02\x00", b"\x03\x00"):
-        return 0
-    if head[6] == 1:
-        return int(struct.unpack_from("<H", head, 8)[0])
-    return int(struct.unpack_from("<I", head, 8)[0]) if len(head) >= 12 else 0
 
 
 def _set_weights_only(an: Analysis, loadable: bool) -> None:

@@ -157,18 +157,18 @@ def _npy_object_pickle(source: ByteSource, region: Region, start: int, content: 
     """An .npy: `numpy.load(..., allow_pickle=True)` (which opens any zip as an .npz) unpickles
     the data of an object-dtype array, right after the header. That pickle is judged like
     any region's; an array of another dtype is never unpickled."""
-    from ckptguard.core.npyheader import parse_npy_header  # numpy: only for an .npy region
+    from ckptguard.core.npyheader import declared_header, parse_npy_header  # numpy: .npy only
 
     limits = an.options.limits
-    head = content.first(12)
-    width = 2 if head[6:7] == b"\x01" else 4   # the header length's bytes (format 1.0 or 2/3)
-    if len(head) < 8 + width:
-        return []
-    header_end = 8 + width + int.from_bytes(head[8:8 + width], "little")
-    if header_end > limits.max_npy_header_bytes + 12 or not content.grow(header_end + 1, budget):
+    declared = declared_header(content.first(12))
+    if declared is None:
+        return []   # a version numpy does not read: it unpickles nothing
+    version, text_start, text_len = declared
+    header_end = text_start + text_len
+    if text_len > limits.max_npy_header_bytes or not content.grow(header_end + 1, budget):
         return []
     try:
-        _, _, dtype = parse_npy_header(content.data[8 + width:header_end], (head[6], head[7]),
+        _, _, dtype = parse_npy_header(content.data[text_start:header_end], version,
                                        limits.max_npy_header_bytes)
     except CkptError:
         return []   # numpy refuses the header: it unpickles nothing
