@@ -46,6 +46,15 @@ def torch_map(module: str, name: str) -> tuple[str, str]:
     return TORCH_IMPORT_MAPPING.get(module, module), name
 
 
+def last_dot_split(module: str, name: str) -> tuple[str, str]:
+    """`module.name` split at its last dot: how torch's tables name a dotted path, which its
+    unpickler looks up by the joined string whatever the pickle's split."""
+    if "." not in name:
+        return module, name
+    head, _, tail = f"{module}.{name}".rpartition(".")
+    return head, tail
+
+
 def python_map(module: str, name: str, protocol: int) -> tuple[str, str]:
     """`pickle.Unpickler.find_class`'s mapping with fix_imports=True (protocol < 3 only)."""
     if protocol >= 3:

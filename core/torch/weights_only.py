@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ckptguard.core.limits import DEFAULT_LIMITS, Limits
-from ckptguard.core.pickle.renames import torch_map
+from ckptguard.core.pickle.renames import last_dot_split, torch_map
 from ckptguard.core.torch.callables import (
     CLASSES,
     HASH_VISITS_MAX,
@@ -89,12 +89,9 @@ def torch_split(module: str, name: str) -> tuple[str, str]:
     `_rebuild_tensor_v2` itself: a path torch allowlists is split at its last dot, the way the
     emulator, the fast paths and the manifest name it. Any other name keeps its split (the
     threat analysis reads each component of a dotted name)."""
-    if "." not in name:
-        return module, name
     full = f"{module}.{name}"
-    if full in ALLOWED_GLOBALS or full in BASELINE_USER_GLOBALS:
-        head, _, tail = full.rpartition(".")
-        return head, tail
+    if "." in name and (full in ALLOWED_GLOBALS or full in BASELINE_USER_GLOBALS):
+        return last_dot_split(module, name)
     return module, name
 
 
@@ -486,9 +483,7 @@ class _Emulator:
         err = _global_error(module, name, self.allowed)
         if err is not None:
             raise self.fail("UnpicklingError", err)
-        if "." in name:   # allowed: torch found it by the joined path, whatever the split
-            module, _, name = f"{module}.{name}".rpartition(".")
-        return Global(module, name)
+        return Global(*last_dot_split(module, name))   # allowed: torch found it by the joined path
 
     def op_newobj(self, cls: Any, args: Any) -> Any:
         if isinstance(cls, Global) and cls.full == "torch.nn.parameter.Parameter":

@@ -30,7 +30,7 @@ from typing import Any
 from ckptguard.core.errors import Decline
 from ckptguard.core.limits import DEFAULT_LIMITS
 from ckptguard.core.pickle.fast.containers import BuildLedger, CheckedDict, CheckedList
-from ckptguard.core.pickle.renames import torch_map
+from ckptguard.core.pickle.renames import last_dot_split, torch_map
 
 _MAX_MEMO_INDEX_FLOOR = 1 << 20
 
@@ -149,8 +149,7 @@ def tokenize(data: bytes, allowed: Callable[[str], bool], *, newobj: bool = Fals
             module, name = torch_map(raw_module, raw_name)
             if not allowed(f"{module}.{name}"):
                 raise Decline(f"global {module}.{name} is not allowlisted")
-            if "." in name:   # torch finds an allowlisted path by its joined string, whatever
-                module, _, name = f"{module}.{name}".rpartition(".")   # the split: its tables'
+            module, name = last_dot_split(module, name)   # as torch's tables name it
             toks.globals.append((module, name, raw_module, raw_name, pos))
             pos = nl2 + 1
         elif op == 0x72:  # LONG_BINPUT with a large index: bound it (the C memo is an array)
