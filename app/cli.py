@@ -83,7 +83,8 @@ def _cmd_scan(args: argparse.Namespace) -> int:
             results = run(items, RunLimits(jobs=args.jobs, memory_mb=args.memory_mb,
                                            cpu_seconds=args.cpu_seconds, timeout_s=args.timeout),
                           allow=frozenset(args.allow or ()), verify_crc=args.verify_crc,
-                          on_result=bar.update if bar is not None else None)
+                          on_result=bar.update if bar is not None else None,
+                          rows=args.format != "text")
         finally:
             if bar is not None:
                 bar.close()

@@ -53,13 +53,14 @@ def jsonl(reports: list[dict[str, Any]]) -> Iterator[str]:
         yield json.dumps(report) + "\n"
 
 
-def format_summary(r: dict[str, Any]) -> str:
-    """A readable summary of a report for terminals."""
+def format_summary(result: ItemResult) -> str:
+    """A readable summary of a report for terminals (it needs no rows: Report.to_json)."""
+    r = result.report
     wo = r["weights_only"]
     lines = [
         f"{r['source'].get('name') or r['source'].get('url')}: "
         f"{'UNREADABLE' if r.get('unreadable') else r['verdict'].upper()} "
-        f"({r['format']}, {len(r['tensors'])} tensors, {len(r['storages'])} storages)",
+        f"({r['format']}, {result.count('tensors')} tensors, {result.count('storages')} storages)",
         f"  weights_only load: {'yes' if wo['loadable'] else 'no'}"
         + (f" — {wo['error_type']}: {wo['error']}" if wo["error"] else "")
         # a format torch.load does not read (pickle, NumPy, safetensors): the policy's answer
@@ -95,7 +96,7 @@ def worst_finding(report: dict[str, Any]) -> str:
 def summary_table(results: list[ItemResult]) -> str:
     """file | format | verdict | tensors | worst finding, then the counts."""
     scanned = [r for r in results if r.skipped is None]
-    rows = [(r.item.name, r.report["format"], r.outcome, str(len(r.report["tensors"])),
+    rows = [(r.item.name, r.report["format"], r.outcome, str(r.count("tensors")),
              worst_finding(r.report)) for r in scanned]
     header = ("file", "format", "verdict", "tensors", "worst finding")
     widths = [max([len(header[c])] + [len(row[c]) for row in rows]) for c in range(4)]
@@ -115,6 +116,6 @@ def summary_table(results: list[ItemResult]) -> str:
 def text(results: list[ItemResult], *, many: bool) -> Iterator[str]:
     for r in results:
         if r.skipped is None:
-            yield format_summary(r.report)
+            yield format_summary(r)
     if many:
         yield "\n" + summary_table(results)

@@ -45,11 +45,19 @@ class ItemResult:
     report: dict[str, Any] = field(default_factory=dict)
     skipped: str | None = None
     unreadable: bool = False
+    # rows a report made without them (run(..., rows=False)) lists: {"tensors": n, ...}
+    row_counts: dict[str, int] = field(default_factory=dict)
 
     @property
     def outcome(self) -> str:
         """safe | suspicious | unsafe | invalid | unreadable (the exit code's input)."""
         return "unreadable" if self.unreadable else str(self.report["verdict"])
+
+    def count(self, rows: str) -> int:
+        """How many tensors (rows="tensors") or storages the report lists, also when it was
+        made without its rows."""
+        listed = self.report.get(rows)
+        return len(listed) if listed is not None else self.row_counts.get(rows, 0)
 
 
 Progress = Callable[[ItemResult], None]
@@ -68,13 +76,14 @@ def _info(item: ScanItem) -> dict[str, Any]:
 
 
 def run(items: list[ScanItem], limits: RunLimits, *, allow: frozenset[str], verify_crc: bool,
-        on_result: Progress | None = None) -> list[ItemResult]:
+        on_result: Progress | None = None, rows: bool = True) -> list[ItemResult]:
     """Scan every item in the pool; one result per item, in the order of `items`.
 
     A single item is scanned in this process under the same limits (no worker to start:
-    a one-file `ckptguard scan` costs the scan, not a second interpreter's start-up)."""
+    a one-file `ckptguard scan` costs the scan, not a second interpreter's start-up); with
+    rows=False (a text summary) its report is made without its rows (Report.to_json)."""
     if len(items) == 1 and items[0].error is None and limits.inline_single:
-        result = _run_inline(items[0], limits, allow=allow, verify_crc=verify_crc)
+        result = _run_inline(items[0], limits, allow=allow, verify_crc=verify_crc, rows=rows)
         if on_result is not None:
             on_result(result)
         return [result]
@@ -120,7 +129,7 @@ def _importing(frame: Any) -> bool:
 
 
 def _run_inline(item: ScanItem, limits: RunLimits, *, allow: frozenset[str],
-                verify_crc: bool) -> ItemResult:
+                verify_crc: bool, rows: bool) -> ItemResult:
     """One item in this process: RLIMIT_AS for memory, RLIMIT_CPU (SIGXCPU) for CPU time and
     an interval timer (SIGALRM) for the wall clock, all restored afterwards."""
     from ckptguard.app.itemscan import Skipped, scan_local, scan_remote
@@ -163,7 +172,10 @@ def _run_inline(item: ScanItem, limits: RunLimits, *, allow: frozenset[str],
         signal.signal(signal.SIGALRM, old_handlers[1])
     if isinstance(result, Skipped):
         return ItemResult(item, skipped=result.container)
-    return ItemResult(item, result.to_json())
+    if rows:
+        return ItemResult(item, result.to_json())
+    return ItemResult(item, result.to_json(rows=False),
+                      row_counts={"tensors": len(result.tensors), "storages": len(result.storages)})
 
 
 def _lower(value: int, hard: int) -> int:

@@ -29,6 +29,32 @@ def test_safe_checkpoint_exits_zero_with_a_summary(ckpt: Path, capsys: pytest.Ca
     assert "weights_only load: yes" in out
 
 
+def test_a_text_summary_is_made_without_the_report_rows(
+        ckpt: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """One file in text: its counts come from the Report, no row is serialised (issue 14:
+    the rows of a 10,000-tensor report cost a fifth of its scan); --json still has them."""
+    from ckptguard.core import report as report_module
+
+    made: list[str] = []
+    for row in (report_module.TensorEntry, report_module.StorageEntry):
+        monkeypatch.setattr(row, "to_json", lambda self, _n=row.__name__: made.append(_n) or {})
+    assert main(["scan", str(ckpt)]) == 0
+    assert "SAFE (torch-zip, 2 tensors, 2 storages)" in capsys.readouterr().out
+    assert made == []
+    assert main(["scan", str(ckpt), "--json"]) == 0
+    assert sorted(made) == ["StorageEntry"] * 2 + ["TensorEntry"] * 2
+
+
+def test_a_summary_table_counts_what_the_reports_list(ckpt: Path, tmp_path: Path,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    other = tmp_path / "other.pt"
+    torch.save({f"t{i}": torch.zeros(1) for i in range(3)}, other)
+    assert main(["scan", str(ckpt), str(other), "-j", "1", "--no-progress"]) == 0
+    rows = {line.split()[0]: line.split()[3] for line in capsys.readouterr().out.splitlines()
+            if line.startswith(str(tmp_path)) and not line.split()[0].endswith(":")}
+    assert rows == {str(ckpt): "2", str(other): "3"}
+
+
 def test_json_report(ckpt: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["scan", str(ckpt), "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
