@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Sequence
+from operator import le
 
 
 class SpanCache:
@@ -54,10 +55,16 @@ class SpanCache:
         return None
 
     def touching(self, spans: Sequence[tuple[int, int]]) -> list[bool]:
-        """For each (offset, nbytes) span, whether it shares a byte with a cached span: one
-        bisect each (a scan's thousands of local-header reads rarely touch the few kept)."""
+        """For each (offset, nbytes) span, whether it shares a byte with a cached span.
+
+        A scan's tens of thousands of local-header reads come in file order and rarely
+        touch the few spans kept: then only the spans that start near a kept one are
+        looked at (a bisect per kept span); spans out of order get a bisect each."""
         starts = self._starts
         ends = [s + len(d) for s, d in zip(starts, self._data, strict=True)]
+        offs = [s[0] for s in spans]
+        if all(map(le, offs[:-1], offs[1:])):
+            return self._touching_in_order(spans, offs, starts, ends)
         count = len(starts)
         bisect_right = bisect.bisect_right
         out: list[bool] = []
@@ -65,6 +72,20 @@ class SpanCache:
             i = bisect_right(starts, off)   # cached spans [0, i) start at or before off
             out.append(n > 0 and ((i > 0 and ends[i - 1] > off)
                                   or (i < count and starts[i] < off + n)))
+        return out
+
+    @staticmethod
+    def _touching_in_order(spans: Sequence[tuple[int, int]], offs: list[int],
+                           starts: list[int], ends: list[int]) -> list[bool]:
+        out = [False] * len(spans)
+        longest = max(n for _, n in spans) if spans else 0
+        for start, end in zip(starts, ends, strict=True):
+            # a span sharing a byte with [start, end) begins in (start - longest, end)
+            lo = bisect.bisect_right(offs, start - longest)
+            for i in range(lo, bisect.bisect_left(offs, end)):
+                off, n = spans[i]
+                if n > 0 and off < end and start < off + n:
+                    out[i] = True
         return out
 
     def missing(self, start: int, end: int) -> list[tuple[int, int]]:
