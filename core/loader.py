@@ -72,7 +72,7 @@ class RemoteCheckpoint:
 
     def __post_init__(self) -> None:
         self._by_name = {}
-        self._ambiguous = {}   # tensors whose keys print alike (1 and "1") share a name
+        self._ambiguous = {}   # keys that print alike (1 and "1"), an item and an attribute
         for t in self.report.tensors:
             if t.name in self._by_name:
                 self._ambiguous[t.name] = self._ambiguous.get(t.name, 1) + 1
@@ -91,7 +91,8 @@ class RemoteCheckpoint:
     def entry(self, name: str) -> TensorEntry:
         if name in self._ambiguous:
             raise KeyError(f"{self._ambiguous[name]} tensors are named {name!r} in "
-                           f"{self.source.name} (keys that print alike, e.g. 1 and '1'): "
+                           f"{self.source.name} (keys that print alike, e.g. 1 and '1', or an "
+                           "item and an attribute of one name): "
                            "the name does not say which one to read")
         try:
             return self._by_name[name]
