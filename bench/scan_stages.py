@@ -23,12 +23,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from ckptguard.core.errors import Decline
 from ckptguard.core.io.source import FileSource
-from ckptguard.core.judge import allowed_checker
 from ckptguard.core.lane import torch_zip as fastlane
 from ckptguard.core.pickle.fast.column_stubs import load
 from ckptguard.core.pickle.fast.tokenize import tokenize
 from ckptguard.core.scan import scan_path
 from ckptguard.core.state import Analysis
+from ckptguard.core.torch.allowlist import allowed_checker
 from ckptguard.core.zip.columns import read_plain_archive
 
 

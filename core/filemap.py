@@ -45,7 +45,7 @@ FINDING_KIND: dict[Code, str] = {
     Code.NPY_TRAILING_DATA: "trailing_data",
 }
 
-# torch's own small records (core.formats.torch_zip.KNOWN_RECORDS without data.pkl)
+# torch's own small records (core.torch.container.KNOWN_RECORDS without data.pkl)
 _METADATA = frozenset(("version", ".data/version", "byteorder", ".format_version",
                        ".storage_alignment", ".data/serialization_id"))
 

@@ -13,36 +13,27 @@ inspected for a second pickle.
 from __future__ import annotations
 
 import dataclasses
-import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ckptguard.core.errors import Code, Decline, LimitExceeded
-from ckptguard.core.pickle.renames import python_map
-from ckptguard.core.pickle.vm import GlobalUse, VmResult, run_vm
-from ckptguard.core.report import WeightsOnly
+from ckptguard.core.pickle.result import VmResult
+from ckptguard.core.pickle.vm import run_vm
 from ckptguard.core.state import Analysis
 from ckptguard.core.threats.assess import assess
+from ckptguard.core.torch.allowlist import allowed_checker, torch_split
 from ckptguard.core.torch.dtypes import ITEMSIZE
-from ckptguard.core.torch.rules import BLOCKED_MODULES, check_rebuild, check_storage_pid
-from ckptguard.core.torch.user_models import numpy_dtype_class
+from ckptguard.core.torch.rules import check_rebuild, check_storage_pid
 from ckptguard.core.torch.weights_only import (
-    ALLOWED_GLOBALS,
-    BASELINE_USER_GLOBALS,
     StorageResolver,
     StorageUse,
-    TorchError,
     WeightsOnlyResult,
     emulate,
-    safe_globals_hint,
-    torch_split,
-    unsafe_globals,
 )
-from ckptguard.core.values import Call, Global, PersId
+from ckptguard.core.values import PersId
 
 if TYPE_CHECKING:
     from ckptguard.core.pickle.fast.stubs import FastResult
-    from ckptguard.core.pickle.fast.tokenize import Tokens
 
 
 @dataclass(slots=True)
@@ -101,17 +92,6 @@ def _fast_first(size: int, legacy: bool, engine: str) -> bool:
     return engine == "general" or size >= SMALL_PICKLE_BYTES
 
 
-def allowed_checker(allow: frozenset[str]) -> Any:
-    allowed = ALLOWED_GLOBALS | BASELINE_USER_GLOBALS | allow
-    blocked = tuple(m + "." for m in BLOCKED_MODULES)
-
-    def is_allowed(full: str) -> bool:
-        # torch checks the exact module against the blocklist first; declining every
-        # "os.*"-looking name is stricter and leaves the exact verdict to the slow path.
-        return full in allowed and not full.startswith(blocked)
-    return is_allowed
-
-
 def _try_fast(data: bytes, an: Analysis, resolver: StorageResolver | None,
               base_offset: int) -> PickleScan | None:
     """The fast path's answer, or None when it declines (then the exact path runs)."""
@@ -148,15 +128,9 @@ def _try_fast(data: bytes, an: Analysis, resolver: StorageResolver | None,
     return _as_scan(fast, list(storages.values()), base_offset)
 
 
-def global_uses(toks: Tokens, base_offset: int) -> list[GlobalUse]:
-    """The GLOBAL opcodes the opcode walk met, as the VM would have recorded them."""
-    proto = toks.protocol or 0
-    return [GlobalUse(*python_map(raw_module, raw_name, proto), raw_module, raw_name, "GLOBAL",
-                      base_offset + pos)
-            for _module, _name, raw_module, raw_name, pos in toks.globals]
-
-
 def _as_scan(fast: FastResult, storages: list[StorageUse], base_offset: int) -> PickleScan:
+    from ckptguard.core.pickle.fast.tokenize import global_uses  # loaded by fast_load already
+
     toks = fast.tokens
     uses = global_uses(toks, base_offset)
     # No calls for the threat analysis: every global is allowlisted and every call is a
@@ -205,53 +179,3 @@ def _inspect_trailing(data: bytes, pos: int, an: Analysis, *, record: str | None
         an.add(Code.PICKLE_TRAILING_DATA, f"{rest} bytes after STOP", record=record,
                offset=base_offset + pos)
         return
-
-
-def first_line(text: str) -> str:
-    """The first line of a message ("" stays "": torch raises a bare EOFError)."""
-    return text.split("\n", 1)[0]
-
-
-def set_weights_only(an: Analysis, error: TorchError | None, pickle_data: bytes | None, *,
-                     unsafe: list[str] | None = None, calls: list[Call] | None = None) -> None:
-    """Record torch's weights-only outcome in the report (+ a finding when it refuses).
-
-    `unsafe_globals` is `get_unsafe_globals_in_checkpoint`'s walk over `pickle_data` (the
-    main pickle; None when there is none, or when the fast path already proved every
-    global allowlisted), unless the caller passes the list itself (`unsafe`). `calls` are
-    the pickles' calls (the VM's): the hint's numpy DType classes come from them.
-    """
-    if unsafe is None:
-        listed = unsafe_globals(pickle_data, an.options.allow) if pickle_data else []
-        unsafe = listed if isinstance(listed, list) else []
-    benign = sorted(g.full for g in an.globals.values() if g.status == "benign")
-    if calls and "numpy.dtype" in benign:
-        benign = sorted(set(benign) | (numpy_dtype_classes(calls) - an.options.allow))
-    an.weights_only = WeightsOnly(
-        loadable=error is None,
-        error=first_line(error.message) if error else None,
-        error_type=error.type if error else None,
-        unsafe_globals=unsafe,
-        safe_globals_hint=safe_globals_hint(benign) if benign else None,
-    )
-    if error is not None:
-        message = first_line(error.message) or error.type
-        if _PRINTF_MARKER.search(message):   # torch's own text, quoted as torch prints it
-            message += " (torch's words: it prints its format string unformatted)"
-        an.add(Code.TORCH_WEIGHTS_ONLY_FAILED, f"{error.type}: {message}", offset=error.offset)
-
-
-_PRINTF_MARKER = re.compile(r"%l?[dsu]")
-
-
-def numpy_dtype_classes(calls: list[Call]) -> set[str]:
-    """The numpy DType classes (`numpy.dtypes.UInt32DType`...) the `numpy.dtype(spec, ...)`
-    calls make: torch BUILDs on them, so the hint must allowlist them too."""
-    out = set()
-    for call in calls:
-        if isinstance(call.func, Global) and call.func.full == "numpy.dtype" \
-                and isinstance(call.args, tuple) and call.args:
-            cls = numpy_dtype_class(call.args[0])
-            if cls is not None:
-                out.add(cls)
-    return out

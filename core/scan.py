@@ -154,8 +154,8 @@ def _answer_as_torch_load(source: ByteSource, an: Analysis, name: str | None) ->
     safetensors library; zip magic -> the zip reader; anything else -> the legacy reader).
     A file of another format (pickle, NumPy, safetensors, .pt2, any zip) gets torch's answer
     from the reader it really takes."""
-    from ckptguard.core.judge import first_line
-    from ckptguard.core.torch.weights_only import TorchError
+    from ckptguard.core.torch.answer import first_line
+    from ckptguard.core.torch.torch_error import TorchError
 
     policy = an.weights_only or WeightsOnly(loadable=False)
     if policy.policy_accepts is not None:
@@ -208,9 +208,10 @@ def _analyze(source: ByteSource, an: Analysis) -> None:
         raise
     except CkptError as exc:   # the layer stopped; the regions it declared are still judged
         an.add_error(exc)
-    from ckptguard.core.regions.judge import judge_regions
+    if an.regions:   # the region judge runs the VM and the threat analysis: none declared, none loaded
+        from ckptguard.core.regions.judge import judge_regions
 
-    judge_regions(source, an)
+        judge_regions(source, an)
 
 
 def _dispatch(source: ByteSource, kind: Sniffed, an: Analysis) -> None:
@@ -307,7 +308,7 @@ def _analyze_zip(source: ByteSource, an: Analysis, kind: Sniffed) -> None:
         directory = read_directory(source, an.options.limits)
     except CkptError as exc:
         from ckptguard.core.formats.torch_zip import zip_open_error
-        from ckptguard.core.judge import set_weights_only
+        from ckptguard.core.torch.answer import set_weights_only
 
         error = zip_open_error(exc, source.size)   # torch.load opens it as a zip too, and fails
         if error is not None and source.read_at(0, 4) == b"PK\x03\x04":

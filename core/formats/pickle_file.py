@@ -11,8 +11,9 @@ from __future__ import annotations
 from ckptguard.core.errors import Code, LimitExceeded
 from ckptguard.core.filemap import add_region
 from ckptguard.core.io.source import ByteSource
-from ckptguard.core.judge import first_line, scan_pickle, set_weights_only
+from ckptguard.core.judge import scan_pickle
 from ckptguard.core.state import Analysis
+from ckptguard.core.torch.answer import first_line, set_weights_only
 
 
 def analyze(source: ByteSource, an: Analysis) -> None:

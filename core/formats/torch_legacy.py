@@ -24,15 +24,17 @@ from ckptguard.core.errors import Code, LimitExceeded
 from ckptguard.core.filemap import add_region
 from ckptguard.core.formats import torch_tar
 from ckptguard.core.io.source import ByteSource
-from ckptguard.core.judge import PickleScan, scan_pickle, set_weights_only
+from ckptguard.core.judge import PickleScan, scan_pickle
 from ckptguard.core.pickle.renames import torch_map
 from ckptguard.core.pickle.vm import run_vm
 from ckptguard.core.pickle.window import PickleWindow
 from ckptguard.core.state import Analysis
 from ckptguard.core.threats.assess import assess
+from ckptguard.core.torch.answer import set_weights_only
 from ckptguard.core.torch.dtypes import ITEMSIZE
 from ckptguard.core.torch.rules import storage_itemsize
-from ckptguard.core.torch.weights_only import TorchError, WeightsOnlyResult, emulate
+from ckptguard.core.torch.torch_error import TorchError
+from ckptguard.core.torch.weights_only import WeightsOnlyResult, emulate
 from ckptguard.core.values import Call, Global, PersId
 
 if TYPE_CHECKING:

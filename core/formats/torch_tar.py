@@ -27,7 +27,7 @@ from ckptguard.core.sniff import tar_number as _nti
 from ckptguard.core.sniff import valid_tar_block as _valid_block
 from ckptguard.core.state import Analysis
 from ckptguard.core.torch.rules import storage_itemsize
-from ckptguard.core.torch.weights_only import UNSAFE_MESSAGE
+from ckptguard.core.torch.torch_error import UNSAFE_MESSAGE
 
 TAR_ERROR = ("Cannot use ``weights_only=True`` with files saved in the legacy .tar format. "
              + UNSAFE_MESSAGE)

@@ -10,20 +10,29 @@ against the zip headers; the weights themselves are never read.
 
 from __future__ import annotations
 
-import functools
-import re
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 
 from ckptguard.core.errors import CkptError, Code
 from ckptguard.core.io.source import ByteSource
-from ckptguard.core.judge import scan_pickle, set_weights_only
+from ckptguard.core.judge import scan_pickle
 from ckptguard.core.manifest.build import SiteTable, StorageSite, build_manifest
 from ckptguard.core.pickle.renames import torch_map
 from ckptguard.core.regions.region import RegionKind, declare_entry
 from ckptguard.core.state import Analysis
+from ckptguard.core.torch.answer import set_weights_only
+from ckptguard.core.torch.container import (
+    KNOWN_RECORDS,
+    META_RECORDS,
+    SERIALIZATION_ID,
+    SMALL_RECORD_MAX,
+    layout_error,
+    serialization_id_error,
+    storage_alignment,
+    version_error,
+)
 from ckptguard.core.torch.rules import storage_itemsize
-from ckptguard.core.torch.weights_only import TorchError
+from ckptguard.core.torch.torch_error import UNSAFE_MESSAGE, TorchError, cpp_error
 from ckptguard.core.values import PersId
 from ckptguard.core.zip.checks import check_archive, verify_crcs
 from ckptguard.core.zip.directory import (
@@ -44,48 +53,6 @@ _MINIZ_HINT = (". This is an internal miniz error. If you are seeing this error,
                "likelihood that your checkpoint file is corrupted. This can happen if the checkpoint "
                "was not saved properly, was transferred incorrectly, or the file was modified after "
                "saving.")
-_U = ("In PyTorch 2.6, we changed the default value of the `weights_only` argument in `torch.load` "
-      "from `False` to `True`. Re-running `torch.load` with `weights_only` set to `False` will likely "
-      "succeed, but it can result in arbitrary code execution. Do it only if you got the file from a "
-      "trusted source.")
-META_RECORDS = ("version", ".data/version", "byteorder", ".format_version", ".storage_alignment")
-SERIALIZATION_ID = ".data/serialization_id"
-KNOWN_RECORDS = frozenset(("data.pkl", SERIALIZATION_ID, *META_RECORDS))
-SMALL_RECORD_MAX = 4096
-
-
-def cpp_error(raw: bytes) -> TorchError:
-    """A RuntimeError raised in torch's C++ with raw bytes (a record's text, an entry's name)
-    in its message: Python gets it as a C string (cut at the first NUL), decoded as UTF-8
-    by `PyErr_SetString`. A message that does not decode is the interpreter's to answer:
-    CPython 3.11.7 and later raise that UnicodeDecodeError, 3.11.2 (Debian 12's) an empty
-    RuntimeError (measured on both); the answer is the one this interpreter gives, the one a
-    torch.load beside the scanner would give."""
-    raw = raw.split(b"\x00", 1)[0]
-    try:
-        return TorchError("RuntimeError", raw.decode("utf-8"))
-    except UnicodeDecodeError as exc:
-        if _undecodable_message_raises_decode_error():
-            return TorchError("UnicodeDecodeError", str(exc))
-        return TorchError("RuntimeError", "")
-
-
-@functools.cache
-def _undecodable_message_raises_decode_error() -> bool:
-    """What this interpreter's `PyErr_SetString` does with bytes that are not UTF-8 (asked
-    once; pythonapi raises whatever the call left set). No input reaches it."""
-    import ctypes  # only for a file whose C++ message does not decode
-
-    set_string = ctypes.pythonapi.PyErr_SetString
-    set_string.argtypes = [ctypes.py_object, ctypes.c_char_p]
-    set_string.restype = None
-    try:
-        set_string(RuntimeError, b"\xff")
-    except UnicodeDecodeError:
-        return True
-    except RuntimeError:
-        return False
-    return True
 
 
 def zip_open_error(exc: CkptError, size: int) -> TorchError | None:
@@ -383,7 +350,7 @@ def _container_error(directory: ZipDirectory, prefix: str, meta: Mapping[str, by
             return TorchError("UnicodeDecodeError", str(exc))
     if is_torchscript:
         return TorchError("RuntimeError", "Cannot use ``weights_only=True`` with TorchScript "
-                          "archives passed to ``torch.load``. " + _U)
+                          "archives passed to ``torch.load``. " + UNSAFE_MESSAGE)
     for record in (".format_version", "byteorder", ".storage_alignment"):
         if record in has:
             error = record_error(directory, prefix, record, unreadable)
@@ -394,68 +361,6 @@ def _container_error(directory: ZipDirectory, prefix: str, meta: Mapping[str, by
             if error is not None:
                 return error
     return layout_error(meta)
-
-
-def serialization_id_error(meta: Mapping[str, bytes]) -> TorchError | None:
-    """torch.load logs `zip_file.serialization_id()` after unpickling: pybind11 decodes the
-    record as UTF-8, strictly."""
-    try:
-        meta.get(".data/serialization_id", b"").decode("utf-8")
-    except UnicodeDecodeError as exc:
-        return TorchError("UnicodeDecodeError", str(exc))
-    return None
-
-
-def version_error(meta: Mapping[str, bytes]) -> TorchError | None:
-    """torch's check of the version record (inline_container.cc)."""
-    version = meta.get(".data/version", meta.get("version"))
-    if version is None:
-        return TorchError("RuntimeError", 'Expected hasRecord("version") to be true, but got false.  '
-                          "(Could this error message be improved?  If so, please report an enhancement "
-                          "request to PyTorch.)")
-    m = re.match(rb"\s*[+-]?\d+", version)
-    if m is None:
-        return cpp_error(b"[enforce fail at inline_container.cc:215] . Couldn't parse the version "
-                         + version + b" as Long Long.")
-    number = int(m.group())
-    if number < 1:
-        return TorchError("RuntimeError", f"[enforce fail at inline_container.cc:219] . Attempted to read "
-                          f"a PyTorch file with version {number}, but the minimum supported version for "
-                          "reading is 1. Your PyTorch script module file is too old. Please regenerate it "
-                          "with latest version of PyTorch to mitigate this issue.")
-    if number > 10:
-        return TorchError("RuntimeError", f"[enforce fail at inline_container.cc:230] . Attempted to read "
-                          f"a PyTorch file with version {number}, but the maximum supported version for "
-                          "reading is 10. The version of your PyTorch installation may be too old, please "
-                          "upgrade PyTorch to latest version to mitigate this issue.")
-    return None
-
-
-def layout_error(meta: Mapping[str, bytes]) -> TorchError | None:
-    """torch's checks of the byteorder and storage alignment records."""
-    byteorder = meta.get("byteorder")
-    if byteorder is not None and byteorder not in (b"little", b"big"):
-        try:
-            text = byteorder.decode()
-        except UnicodeDecodeError as exc:   # torch: "Unknown endianness type: " + data.decode()
-            return TorchError("UnicodeDecodeError", str(exc))
-        return TorchError("ValueError", "Unknown endianness type: " + text)
-    align = meta.get(".storage_alignment")
-    if align is not None and parse_int(align) is None:
-        return TorchError("ValueError", f"invalid literal for int() with base 10: {align!r}")
-    return None
-
-
-def storage_alignment(meta: Mapping[str, bytes]) -> int:
-    """The alignment torch's offset chain uses (64 when absent, zero or unparsable)."""
-    return parse_int(meta.get(".storage_alignment", b"64")) or 64
-
-
-def parse_int(raw: bytes) -> int | None:
-    try:
-        return int(raw)
-    except ValueError:
-        return None
 
 
 def _storage_sites(source: ByteSource, directory: ZipDirectory, prefix: str,

@@ -19,7 +19,9 @@ the same report (tensors, storages, globals, weights_only) directly:
 
 Anything outside that raises `Decline` before the Analysis is touched, and the caller
 runs the general path. tests/core/lane checks both paths give the same report on
-every fixture and on mutated archives.
+every fixture and on mutated archives. Nothing here imports the general path's modules
+(core.formats, core.judge, the emulator, the VM, the manifest builder): a clean file's
+whole-process scan loads only what it runs (tests/core/scan/test_cold_start.py).
 """
 
 from __future__ import annotations
@@ -35,18 +37,7 @@ import numpy as np
 
 from ckptguard.core.errors import Code, Decline
 from ckptguard.core.filemap import ZipSpans
-from ckptguard.core.formats.torch_zip import (
-    KNOWN_RECORDS,
-    META_RECORDS,
-    SERIALIZATION_ID,
-    SMALL_RECORD_MAX,
-    layout_error,
-    serialization_id_error,
-    storage_alignment,
-    version_error,
-)
 from ckptguard.core.io.source import ByteSource
-from ckptguard.core.judge import allowed_checker, global_uses, set_weights_only
 from ckptguard.core.limits import Limits
 from ckptguard.core.manifest.keynames import segment as tensor_segment
 from ckptguard.core.pickle.fast.column_stubs import (
@@ -59,11 +50,14 @@ from ckptguard.core.pickle.fast.column_stubs import (
     load,
 )
 from ckptguard.core.pickle.fast.containers import CheckedDict, CheckedList
-from ckptguard.core.pickle.fast.tokenize import Tokens
-from ckptguard.core.pickle.vm import VmResult
+from ckptguard.core.pickle.fast.tokenize import Tokens, global_uses
+from ckptguard.core.pickle.result import VmResult
 from ckptguard.core.report import StorageEntry, TensorEntry, join_name
 from ckptguard.core.state import Analysis
 from ckptguard.core.threats.assess import assess
+from ckptguard.core.torch import container  # torch.load's record rules, as the general path's
+from ckptguard.core.torch.allowlist import allowed_checker
+from ckptguard.core.torch.answer import set_weights_only
 from ckptguard.core.torch.dtypes import ITEMSIZE, PACKED_PER_BYTE
 from ckptguard.core.torch.rules import (
     all_of_type,
@@ -157,7 +151,7 @@ def _judge(source: ByteSource, an: Analysis) -> _Result:
     storages = _Storages(loaded.pids, loaded.refs, arc)
     # every record is torch's own (by its exact name, as the general path judges it) or
     # the storage of a persistent id
-    known = {row for r in KNOWN_RECORDS if (row := arc.index.get(f"{prefix}/{r}")) is not None}
+    known = {row for r in container.KNOWN_RECORDS if (row := arc.index.get(f"{prefix}/{r}")) is not None}
     if len(known) + len(storages.rows) != len(arc.names) \
             or len(known | set(storages.rows.tolist())) != len(arc.names):
         raise Decline("a record the pickle does not reference")
@@ -185,8 +179,9 @@ def _spans(arc: PlainArchive, file_size: int) -> ZipSpans:
 
 
 def _read_meta(source: ByteSource, arc: PlainArchive, row_of: Any) -> dict[str, bytes]:
-    rows = {r: row for r in (*META_RECORDS, SERIALIZATION_ID) if (row := row_of(r)) is not None}
-    if any(arc.size[row] > SMALL_RECORD_MAX for row in rows.values()):
+    rows = {r: row for r in (*container.META_RECORDS, container.SERIALIZATION_ID)
+            if (row := row_of(r)) is not None}
+    if any(arc.size[row] > container.SMALL_RECORD_MAX for row in rows.values()):
         raise Decline("large metadata record")
     spans = [(int(arc.data_offset[row]), int(arc.size[row])) for row in rows.values()]
     return dict(zip(rows, source.read_many(spans) if spans else [], strict=True))
@@ -195,14 +190,14 @@ def _read_meta(source: ByteSource, arc: PlainArchive, row_of: Any) -> dict[str, 
 def _check_container(meta: dict[str, bytes]) -> int:
     """torch.load's record checks pass and the general path would add no finding; returns
     the storage alignment."""
-    if version_error(meta) is not None or layout_error(meta) is not None \
-            or serialization_id_error(meta) is not None:
+    if container.version_error(meta) is not None or container.layout_error(meta) is not None \
+            or container.serialization_id_error(meta) is not None:
         raise Decline("a version, byteorder, alignment or serialization id record torch refuses")
     if meta.get("byteorder", b"little") != b"little":
         raise Decline("big-endian storages")
     if not meta.get(".format_version", b"") >= b"1":
         raise Decline("no calculated offsets before format version 1")
-    return storage_alignment(meta)
+    return container.storage_alignment(meta)
 
 
 class _Storages:

@@ -32,7 +32,7 @@ import gc
 import re
 import struct
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -50,12 +50,13 @@ from ckptguard.core.pickle.opcodes import (
     decode_unicode_line,
 )
 from ckptguard.core.pickle.renames import python_map
+from ckptguard.core.pickle.result import GlobalUse, VmResult
 from ckptguard.core.values import Buffer, Call, ExtRef, Global, PersId, Unhashable
 
 if TYPE_CHECKING:
     from ckptguard.core.pickle.fold import FoldBudget
 
-__all__ = ["GlobalUse", "VmResult", "run_vm"]
+__all__ = ["run_vm"]
 
 _U16 = struct.Struct("<H").unpack_from
 _I32 = struct.Struct("<i").unpack_from
@@ -70,36 +71,6 @@ _MAX_KEY_DEPTH = 200
 _MAX_KEY_NODES = 10_000
 # (all keys of one pickle together: Limits.max_key_nodes)
 _MAX_KEY_INT_BITS = 65_536
-
-
-@dataclass(frozen=True, slots=True)
-class GlobalUse:
-    """One global reference made by the pickle (GLOBAL, STACK_GLOBAL or INST)."""
-
-    module: str        # after CPython's fix_imports mapping (core.pickle.renames.python_map, proto<3)
-    name: str
-    raw_module: str    # as written in the pickle
-    raw_name: str
-    opcode: str        # "GLOBAL" | "STACK_GLOBAL" | "INST"
-    offset: int        # absolute offset (base_offset + pos) of the opcode
-
-
-@dataclass(slots=True)
-class VmResult:
-    """What one pickle did, as far as it got."""
-
-    root: Any = None                  # the value STOP returned (None if not reached)
-    complete: bool = False            # reached STOP
-    start: int = 0                    # relative position where this pickle began
-    end: int = 0                      # relative position just after STOP (or where it failed)
-    protocol: int | None = None       # from PROTO, None if absent
-    opcode_count: int = 0
-    opcodes_used: set[str] = field(default_factory=set)
-    globals: list[GlobalUse] = field(default_factory=list)
-    calls: list[Call] = field(default_factory=list)
-    persids: list[PersId] = field(default_factory=list)
-    notes: list[tuple[Code, str, int]] = field(default_factory=list)
-    error: CkptError | None = None
 
 
 NodeName = Callable[[str, str], tuple[str, str]]

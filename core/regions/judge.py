@@ -28,7 +28,8 @@ from typing import NamedTuple
 from ckptguard.core.errors import CkptError, Code, Effect, LimitExceeded, SourceError
 from ckptguard.core.io.source import ByteSource, BytesSource, WindowSource
 from ckptguard.core.limits import Limits
-from ckptguard.core.pickle.vm import DOTTED_NAME, GlobalUse, VmResult, run_vm
+from ckptguard.core.pickle.result import GlobalUse, VmResult
+from ckptguard.core.pickle.vm import DOTTED_NAME, run_vm
 from ckptguard.core.regions.region import Region
 from ckptguard.core.sniff import NUMPY_MAGIC, ZIP_LOCAL_MAGIC, looks_like_pickle
 from ckptguard.core.state import Analysis

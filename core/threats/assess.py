@@ -26,7 +26,7 @@ from typing import Any, Literal
 
 from ckptguard.core.errors import Code, Severity
 from ckptguard.core.pickle.renames import python_map, torch_map
-from ckptguard.core.pickle.vm import GlobalUse, VmResult, run_vm
+from ckptguard.core.pickle.result import GlobalUse, VmResult
 from ckptguard.core.report import GlobalStatus
 from ckptguard.core.state import Analysis
 from ckptguard.core.threats.graph import module_pid_class, payload, preview, resolve_path
@@ -39,8 +39,8 @@ from ckptguard.core.threats.table import (
     DANGEROUS_MODULES,
     DANGEROUS_NAMES,
 )
+from ckptguard.core.torch.allowlist import ALLOWED_GLOBALS, BASELINE_USER_GLOBALS
 from ckptguard.core.torch.rules import BLOCKED_MODULES
-from ckptguard.core.torch.weights_only import ALLOWED_GLOBALS, BASELINE_USER_GLOBALS
 from ckptguard.core.values import Call, ExtRef, Global, PersId
 
 ThreatStatus = Literal["dangerous", "benign", "unknown"]
@@ -390,6 +390,10 @@ class _Assessor:
                             "inline pickles: the rest are not interpreted", record=self.record,
                             offset=call.offset)
             return
+        # the interpreter only for an inline pickle: a clean file's fast lane judges its
+        # globals here without loading the VM (tests/core/scan/test_cold_start.py)
+        from ckptguard.core.pickle.vm import run_vm
+
         record = f"{self.record or ''}@{call.offset}:nested"
         inner = run_vm(data, base_offset=0, limits=limits)
         _Assessor(self.an, self.allow, record, self.depth + 1).run(inner)

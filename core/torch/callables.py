@@ -32,6 +32,13 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
+from ckptguard.core.torch.allowlist import (
+    CLASSES,
+    QSCHEMES,
+    REBUILDERS,
+    STORAGE_GLOBALS,
+    TENSOR_TYPE_GLOBALS,
+)
 from ckptguard.core.torch.dtypes import (
     DEVICE_TYPES,
     ITEMSIZE,
@@ -57,28 +64,6 @@ from ckptguard.core.torch.rules import (
 from ckptguard.core.torch.tensor_build import TensorView, contiguous
 from ckptguard.core.values import Call, Global, PersId
 
-QSCHEMES = frozenset(("per_tensor_affine", "per_tensor_symmetric", "per_channel_affine",
-                      "per_channel_symmetric", "per_channel_affine_float_qparams"))
-REBUILDERS = frozenset(f"torch._utils._rebuild_{n}" for n in (
-    "parameter", "parameter_with_state", "qtensor", "tensor", "tensor_v2", "tensor_v3",
-    "sparse_tensor", "meta_tensor_no_storage", "nested_tensor", "wrapper_subclass",
-    "device_tensor_from_numpy", "device_tensor_from_cpu_tensor"))
-_TENSOR_TYPES = ("BFloat16", "Bool", "Byte", "Char", "Double", "Float", "Half", "Int", "Long", "Short")
-TENSOR_TYPE_GLOBALS = frozenset(
-    [f"torch.{t}Tensor" for t in _TENSOR_TYPES] + [f"torch.cuda.{t}Tensor" for t in _TENSOR_TYPES]
-    + [f"torch.sparse.{t}Tensor" for t in _TENSOR_TYPES if t != "Bool"]
-    + [f"torch.cuda.sparse.{t}Tensor" for t in _TENSOR_TYPES if t != "Bool"])
-STORAGE_GLOBALS = frozenset([f"torch.{s}" for s in STORAGE_DTYPE]
-                            + [f"torch.cuda.{s}" for s in STORAGE_DTYPE if not s.startswith("Q")])
-# class name -> the metaclass torch reports for `type(cls)` (measured: tests/differential)
-CLASSES: dict[str, str] = {
-    "collections.OrderedDict": "type", "collections.Counter": "type", "torch.Size": "type",
-    "torch.device": "type", "builtins.bytearray": "type", "builtins.set": "type",
-    "builtins.complex": "type", "torch.storage.TypedStorage": "type",
-    "torch.storage.UntypedStorage": "type",
-    "torch.nn.parameter.Parameter": "torch.nn.parameter._ParameterMeta",
-    "torch.Tensor": "torch._C._TensorMeta",
-}
 # how `str(cls)` renders an allowlisted class that is not a builtin
 _CLASS_STR = {"builtins.bytearray": "bytearray", "builtins.set": "set", "builtins.complex": "complex"}
 # the setter `tensor.requires_grad = True` (_rebuild_tensor_v2) and requires_grad_() /

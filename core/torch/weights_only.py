@@ -29,19 +29,18 @@ from __future__ import annotations
 import gc
 import re
 import struct
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ckptguard.core.limits import DEFAULT_LIMITS, Limits
 from ckptguard.core.pickle.renames import last_dot_split, torch_map
-from ckptguard.core.torch.callables import (
-    CLASSES,
-    HASH_VISITS_MAX,
-    QSCHEMES,
-    REBUILDERS,
+from ckptguard.core.torch.allowlist import (
+    ALLOWED_GLOBALS,
+    BASELINE_USER_GLOBALS,
     STORAGE_GLOBALS,
-    TENSOR_TYPE_GLOBALS,
+)
+from ckptguard.core.torch.callables import (
+    HASH_VISITS_MAX,
     HashMemo,
     call_allowed,
     class_repr,
@@ -51,7 +50,7 @@ from ckptguard.core.torch.callables import (
     str_value,
     type_name,
 )
-from ckptguard.core.torch.dtypes import ITEMSIZE, STORAGE_DTYPE, TORCH_DTYPE_GLOBALS
+from ckptguard.core.torch.dtypes import ITEMSIZE, STORAGE_DTYPE
 from ckptguard.core.torch.rules import (
     BLOCKED_MODULES,
     TORCH_ACCEPTED_CODES,
@@ -61,6 +60,7 @@ from ckptguard.core.torch.rules import (
     restorable,
 )
 from ckptguard.core.torch.tensor_build import TensorView, build_parameter, build_tensor
+from ckptguard.core.torch.torch_error import TorchError
 from ckptguard.core.torch.user_models import (
     check_numpy_state,
     check_partial_state,
@@ -68,33 +68,8 @@ from ckptguard.core.torch.user_models import (
 )
 from ckptguard.core.values import Call, Global, PersId, brief
 
-# FORMATS.md §3.3: torch._weights_only_unpickler._get_allowed_globals() keys
-ALLOWED_GLOBALS: frozenset[str] = frozenset(
-    [*CLASSES, "torch.serialization._get_layout", "_codecs.encode",
-     "torch._tensor._rebuild_from_type_v2", *REBUILDERS, *STORAGE_GLOBALS, *TENSOR_TYPE_GLOBALS]
-    + [f"torch.{d}" for d in TORCH_DTYPE_GLOBALS] + [f"torch.{q}" for q in QSCHEMES])
 _CALLABLE_KINDS = frozenset(("type", "function", "builtin_function_or_method", "torch._C._TensorMeta",
                              "torch.nn.parameter._ParameterMeta", "torch.tensortype"))
-# what a fresh `import torch` (2.13, CPU) puts in the user safe set (FORMATS.md §3.2)
-BASELINE_USER_GLOBALS: frozenset[str] = frozenset((
-    "torch.nested._internal.nested_tensor.NestedTensor",
-    "torch.nested._internal.nested_tensor._rebuild_njt",
-    "torch.distributed._mesh_layout._MeshLayout",
-    "torch.distributed._mesh_layout._FlatLayout",
-))
-
-def torch_split(module: str, name: str) -> tuple[str, str]:
-    """A global as torch's tables name it. torch's unpickler looks a GLOBAL up by its joined
-    path (`f"{module}.{name}"`), so `torch` + `_utils._rebuild_tensor_v2` is the allowlisted
-    `_rebuild_tensor_v2` itself: a path torch allowlists is split at its last dot, the way the
-    emulator, the fast paths and the manifest name it. Any other name keeps its split (the
-    threat analysis reads each component of a dotted name)."""
-    full = f"{module}.{name}"
-    if "." in name and (full in ALLOWED_GLOBALS or full in BASELINE_USER_GLOBALS):
-        return last_dot_split(module, name)
-    return module, name
-
-
 _NJT = ("torch.nested._internal.nested_tensor.NestedTensor",
         "torch.nested._internal.nested_tensor._rebuild_njt", "torch._dynamo.decorators._DimRange")
 _DTENSOR = ("torch.distributed.device_mesh.DeviceMesh",
@@ -103,44 +78,6 @@ _DTENSOR = ("torch.distributed.device_mesh.DeviceMesh",
             "torch.distributed.tensor.placement_types.Partial",
             "torch.distributed.tensor.placement_types.Replicate",
             "torch.distributed.tensor.placement_types.Shard")
-
-UNSAFE_MESSAGE = (
-    "In PyTorch 2.6, we changed the default value of the `weights_only` argument in `torch.load` "
-    "from `False` to `True`. Re-running `torch.load` with `weights_only` set to `False` will likely "
-    "succeed, but it can result in arbitrary code execution. Do it only if you got the file from a "
-    "trusted source.")
-DOCS_MESSAGE = ("\n\nCheck the documentation of torch.load to learn more about types accepted by "
-                "default with weights_only https://pytorch.org/docs/stable/generated/torch.load.html.")
-
-
-def wo_message(message: str) -> str:
-    """torch.load's `_get_wo_message` (FORMATS.md §3.6)."""
-    if re.search(r"GLOBAL (\S+) was not an allowed global by default.", message):
-        return ("Weights only load failed. This file can still be loaded, to do so you have two "
-                "options, \033[1mdo those steps only if you trust the source of the checkpoint\033[0m. "
-                f"\n\t(1) {UNSAFE_MESSAGE}\n\t(2) Alternatively, to load with `weights_only=True` "
-                "please check the recommended steps in the following error message.\n\t"
-                "WeightsUnpickler error: " + message + DOCS_MESSAGE)
-    if re.search(r"(\S+) must be (\S+) to load", message):
-        return f"Weights only load failed. {message}\n {UNSAFE_MESSAGE}\n"
-    text = f"Weights only load failed. {UNSAFE_MESSAGE}\n"
-    if not re.search(r"whose module (\S+) is blocked", message):
-        text += ("Please file an issue with the following so that we can make `weights_only=True` "
-                 "compatible with your use case: WeightsUnpickler error: ")
-    return text + "\n\n" + message + DOCS_MESSAGE
-
-
-@dataclass(frozen=True, slots=True)
-class TorchError:
-    """The exception torch.load would raise: class name, inner message, opcode offset."""
-
-    type: str
-    message: str
-    offset: int | None = None
-
-    def wrapped(self) -> str:
-        """`str(exc)` as torch.load shows it (only UnpicklingError gets the wrapper)."""
-        return wo_message(self.message) if self.type == "UnpicklingError" else self.message
 
 
 class StorageResolver(Protocol):
@@ -836,25 +773,3 @@ def unsafe_globals(data: bytes | memoryview, allow: frozenset[str] = frozenset()
                 return TorchError("UnpicklingError", f"Unsupported operand {op}", offset)
         except MemoryError:
             return TorchError("LimitExceeded", "out of memory", offset)
-
-
-def safe_globals_hint(names: Iterable[str]) -> str:
-    """Ready-to-paste code that allowlists `names` (what the user would add).
-
-    >>> safe_globals_hint(["argparse.Namespace", "builtins.slice"])
-    'import argparse; torch.serialization.add_safe_globals([argparse.Namespace, slice])'
-    """
-    modules: list[str] = []
-    exprs: list[str] = []
-    for full in sorted(set(names)):
-        module, _, name = full.rpartition(".")
-        if module in BLOCKED_MODULES:  # torch refuses these whatever the allowlist says
-            continue
-        if module in ("builtins", ""):
-            exprs.append(name)
-            continue
-        if module not in modules:
-            modules.append(module)
-        exprs.append(full)
-    head = f"import {', '.join(modules)}; " if modules else ""
-    return head + f"torch.serialization.add_safe_globals([{', '.join(exprs)}])"

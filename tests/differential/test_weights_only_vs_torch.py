@@ -19,7 +19,8 @@ import pytest
 from ckptguard.core.scan import scan_path
 from ckptguard.core.state import ScanOptions
 from ckptguard.core.torch.dtypes import ITEMSIZE, STORAGE_DTYPE
-from ckptguard.core.torch.weights_only import TorchError, emulate, unsafe_globals
+from ckptguard.core.torch.torch_error import TorchError
+from ckptguard.core.torch.weights_only import emulate, unsafe_globals
 from tests.builders.torchlayout import torch_layout
 from tests.core.torch_rules.cases import CASES, Case, Items, call, g, i, ints, od, pid, pk, s, v2
 from tests.core.torch_rules.oracle import run_oracle, write_zip, zip_records
@@ -335,7 +336,7 @@ def test_scan_matches_torch_load_on_requires_grad(oracle: dict[str, Any], name: 
 
 def test_baseline_user_globals_match_fresh_import(tmp_path: Path) -> None:
     """A fresh `import torch` puts exactly BASELINE_USER_GLOBALS in the user safe set (§3.2)."""
-    from ckptguard.core.torch.weights_only import BASELINE_USER_GLOBALS
+    from ckptguard.core.torch.allowlist import BASELINE_USER_GLOBALS
 
     [res] = run_oracle([{"path": "", "mode": "baseline"}], tmp_path)
     assert res["ok"] and set(res["globals"]) == BASELINE_USER_GLOBALS
@@ -359,8 +360,8 @@ def test_tensor_descriptor_list_matches_torch() -> None:
 def test_allowed_globals_match_torch() -> None:
     from torch._weights_only_unpickler import _get_allowed_globals
 
+    from ckptguard.core.torch.allowlist import ALLOWED_GLOBALS
     from ckptguard.core.torch.callables import global_kind
-    from ckptguard.core.torch.weights_only import ALLOWED_GLOBALS
 
     allowed = _get_allowed_globals()
     assert set(allowed) == ALLOWED_GLOBALS

@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 from ckptguard.core.errors import FormatError, LimitExceeded
 from ckptguard.core.limits import DEFAULT_LIMITS
 from ckptguard.core.pickle.opcodes import BY_NAME
-from ckptguard.core.pickle.vm import VmResult, run_vm
+from ckptguard.core.pickle.result import VmResult
+from ckptguard.core.pickle.vm import run_vm
 from tests.builders.pickle_asm import asm
 
 SMALL = dataclasses.replace(DEFAULT_LIMITS, max_opcodes=20_000, max_str_bytes=1 << 20, max_depth=500,

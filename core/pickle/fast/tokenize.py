@@ -30,7 +30,8 @@ from typing import Any
 from ckptguard.core.errors import Decline
 from ckptguard.core.limits import DEFAULT_LIMITS
 from ckptguard.core.pickle.fast.containers import BuildLedger, CheckedDict, CheckedList
-from ckptguard.core.pickle.renames import last_dot_split, torch_map
+from ckptguard.core.pickle.renames import last_dot_split, python_map, torch_map
+from ckptguard.core.pickle.result import GlobalUse
 
 _MAX_MEMO_INDEX_FLOOR = 1 << 20
 
@@ -192,6 +193,14 @@ def tokenize(data: bytes, allowed: Callable[[str], bool], *, newobj: bool = Fals
         pieces.append(data[piece_start:toks.end])
         toks.rewritten = b"".join(pieces)
     return toks
+
+
+def global_uses(toks: Tokens, base_offset: int) -> list[GlobalUse]:
+    """The GLOBAL opcodes the opcode walk met, as the VM would have recorded them."""
+    proto = toks.protocol or 0
+    return [GlobalUse(*python_map(raw_module, raw_name, proto), raw_module, raw_name, "GLOBAL",
+                      base_offset + pos)
+            for _module, _name, raw_module, raw_name, pos in toks.globals]
 
 
 # what StubUnpickler.find_class returns for the names of our own rewrites (_REWRITES)

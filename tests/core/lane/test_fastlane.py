@@ -419,7 +419,7 @@ def test_a_remote_scan_reads_the_local_header_of_every_record_the_lane_reads() -
     """The lane reads torch's metadata records at their data offsets; on a remote source only
     REMOTE_LOCALS have their local headers read, so every one of them must be listed there
     (a record added to the lane but not there made every remote lane scan decline)."""
-    from ckptguard.core.formats.torch_zip import META_RECORDS, SERIALIZATION_ID
+    from ckptguard.core.torch.container import META_RECORDS, SERIALIZATION_ID
     from ckptguard.core.zip.columns import REMOTE_LOCALS
 
     assert set(META_RECORDS) | {SERIALIZATION_ID} <= set(REMOTE_LOCALS)

@@ -1,15 +1,20 @@
 """Cold start (issue 14): a scan imports what the file needs. A whole-process scan of a small
 pickle loads no module a pickle does not need (numpy, the zip layers, HTTP, the export judge,
-hashlib's OpenSSL start-up), and import-time tables are not built from pickletools."""
+hashlib's OpenSSL start-up); a clean torch.save zip, judged by the fast lane, loads none of
+the general path's (the emulator, the VM, the manifest builder, the zip forensics); and
+import-time tables are not built from pickletools."""
 
 from __future__ import annotations
 
 import json
+import os
 import pickle
 import pickletools
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from ckptguard.core.sniff import _PICKLE_FIRST_OPS
 
@@ -41,6 +46,41 @@ def test_a_small_pickle_scan_imports_only_what_a_pickle_needs(tmp_path: Path) ->
     assert loaded == []
 
 
+# what the fast lane's happy path (a clean torch.save zip) must not pay for at start-up: the
+# general path's modules, which it only needs when it declines (core.lane.torch_zip)
+_NOT_FOR_A_CLEAN_TORCH_ZIP = ("ckptguard.core.formats", "ckptguard.core.judge",
+                              "ckptguard.core.pickle.vm", "ckptguard.core.pickle.frames",
+                              "ckptguard.core.torch.weights_only", "ckptguard.core.torch.callables",
+                              "ckptguard.core.torch.tensor_build", "ckptguard.core.manifest.build",
+                              "ckptguard.core.zip.checks", "ckptguard.core.regions.judge")
+_SCAN_IN_A_FRESH_PROCESS = {
+    "scan_path": ("from ckptguard.core.scan import scan_path\n"
+                  "report = scan_path({path!r})\n"
+                  "outcome = [report.verdict, report.format, len(report.tensors)]\n"),
+    "cli": ("from ckptguard.app.cli import main\n"
+            "outcome = [main(['scan', {path!r}])]\n"),
+}
+
+
+@pytest.mark.parametrize("entry", sorted(_SCAN_IN_A_FRESH_PROCESS))
+def test_a_clean_torch_zip_scan_imports_only_the_fast_lane(tmp_path: Path, entry: str) -> None:
+    from tests.builders.torchlayout import state_dict, torch_layout, v2
+
+    target = tmp_path / "clean.pt"
+    pickled = state_dict(*((f"layer.{i}.weight", v2(str(i))) for i in range(3)))
+    target.write_bytes(torch_layout("clean", pickled, [(str(i), bytes(8)) for i in range(3)]))
+    code = ("import json, sys\n" + _SCAN_IN_A_FRESH_PROCESS[entry].format(path=str(target))
+            + "print(json.dumps([outcome, sorted(sys.modules)]))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, timeout=120, env={**os.environ, "OPENBLAS_NUM_THREADS": "1"})
+    outcome, modules = json.loads(out.stdout.splitlines()[-1])
+    assert outcome == ([0] if entry == "cli" else ["safe", "torch-zip", 3])
+    assert "ckptguard.core.lane.torch_zip" in modules
+    loaded = [m for m in modules
+              if any(m == p or m.startswith(p + ".") for p in _NOT_FOR_A_CLEAN_TORCH_ZIP)]
+    assert loaded == []
+
+
 def test_the_first_opcode_table_is_pickletools_own() -> None:
     """core.sniff writes the table out (no pickletools import at start-up): it must be the
     opcodes that take nothing from the stack, plus the few kept so such bytes read as a pickle."""
@@ -55,11 +95,7 @@ def test_a_cli_scan_that_needs_numpy_starts_no_blas_threads(tmp_path: Path) -> N
     """numpy's OpenBLAS starts a thread per core at import (~80 ms of a one-file scan); the
     command line asks for one, so the process stays single-threaded (unless the user's
     environment says otherwise)."""
-    import os
-
     if (os.cpu_count() or 1) < 2:
-        import pytest
-
         pytest.skip("one core: OpenBLAS starts no extra thread anyway")
     from tests.builders.torchlayout import state_dict, torch_layout, v2
 

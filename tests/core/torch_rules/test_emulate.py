@@ -8,16 +8,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ckptguard.core.limits import Limits
-from ckptguard.core.torch.weights_only import (
-    ALLOWED_GLOBALS,
-    BASELINE_USER_GLOBALS,
-    BLOCKED_MODULES,
-    TorchError,
-    emulate,
-    safe_globals_hint,
-    unsafe_globals,
-    wo_message,
-)
+from ckptguard.core.torch.allowlist import ALLOWED_GLOBALS, BASELINE_USER_GLOBALS, safe_globals_hint
+from ckptguard.core.torch.rules import BLOCKED_MODULES
+from ckptguard.core.torch.torch_error import TorchError, wo_message
+from ckptguard.core.torch.weights_only import emulate, unsafe_globals
 from ckptguard.core.values import Call, Global, PersId
 from tests.builders.pickle_asm import asm
 from tests.core.torch_rules.cases import CASES, F16, g, pid, pk, s, v2
