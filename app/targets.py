@@ -20,9 +20,7 @@ import os
 import re
 import stat
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Literal
-from urllib.parse import unquote
 
 from ckptguard.core.errors import Code, SourceError
 
@@ -86,6 +84,8 @@ def parse_hf(target: str) -> HubTarget:
     name, _, revision = name_rev.partition("@")
     if not name or (("@" in name_rev) and not revision):
         raise UsageError(f"{target}: expected hf://[datasets/]owner/name[@revision][/path]")
+    from urllib.parse import unquote  # hf:// only: a local scan does not load urllib (or ipaddress)
+
     return HubTarget(repo_type, f"{owner}/{name}", unquote(revision) or "main",
                      "/".join(p for p in path_parts if p))
 
@@ -105,6 +105,8 @@ def hf_token() -> str | None:
         hf_home = os.environ.get("HF_HOME") or os.path.join(
             os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "huggingface")
         token_path = os.path.join(hf_home, "token")
+    from pathlib import Path  # hf:// only: a local scan does not load pathlib
+
     try:
         return Path(token_path).read_text().strip() or None
     except OSError:
