@@ -14,7 +14,6 @@ from ckptguard.core.report import WeightsOnly
 from ckptguard.core.state import Analysis
 from ckptguard.core.torch.allowlist import safe_globals_hint
 from ckptguard.core.torch.torch_error import TorchError
-from ckptguard.core.torch.user_models import numpy_dtype_class
 from ckptguard.core.values import Call, Global
 
 
@@ -64,6 +63,9 @@ _PRINTF_MARKER = re.compile(r"%l?[dsu]")
 def numpy_dtype_classes(calls: list[Call]) -> set[str]:
     """The numpy DType classes (`numpy.dtypes.UInt32DType`...) the `numpy.dtype(spec, ...)`
     calls make: torch BUILDs on them, so the hint must allowlist them too."""
+    # numpy's models only for a pickle that calls numpy.dtype (never a clean torch.save)
+    from ckptguard.core.torch.user_models import numpy_dtype_class
+
     out = set()
     for call in calls:
         if isinstance(call.func, Global) and call.func.full == "numpy.dtype" \
