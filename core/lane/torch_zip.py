@@ -27,13 +27,12 @@ whole-process scan loads only what it runs (tests/core/scan/test_cold_start.py).
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property, partial
 from itertools import repeat
-from operator import is_
-from typing import Any
-
-import numpy as np
+from operator import add, and_, floordiv, gt, is_, mul, not_
+from typing import Any, cast
 
 from ckptguard.core.errors import Code, Decline
 from ckptguard.core.filemap import ZipSpans
@@ -66,9 +65,14 @@ from ckptguard.core.torch.rules import (
     restorable,
     view_extents,
 )
-from ckptguard.core.zip.columns import PlainArchive, read_plain_archive
-from ckptguard.core.zip.layout import LOCAL_SIZE
-from ckptguard.core.zip.offsets import DESCRIPTOR_SIZE32, FB_HEADER_SIZE
+from ckptguard.core.zip.columns import (
+    PlainArchive,
+    file_order,
+    pick,
+    read_plain_archive,
+    writer_data_offsets,
+)
+from ckptguard.core.zip.offsets import DESCRIPTOR_SIZE32
 
 log = logging.getLogger("ckptguard.fastlane")
 
@@ -138,10 +142,10 @@ def _judge(source: ByteSource, an: Analysis) -> _Result:
     alignment = _check_container(meta)
     arc.place_unread(alignment)   # a remote source read only the headers torch needs
     arc.check_tiles()
-    pkl_size = int(arc.size[pkl_row])
+    pkl_size = arc.size[pkl_row]
     if pkl_size > limits.max_pickle_bytes:
         raise Decline("pickle past the cap")
-    base = int(arc.data_offset[pkl_row])
+    base = arc.data_offset[pkl_row]
     data = source.read_at(base, pkl_size)
 
     loaded = load(data, allowed_checker(an.options.allow),
@@ -153,7 +157,7 @@ def _judge(source: ByteSource, an: Analysis) -> _Result:
     # the storage of a persistent id
     known = {row for r in container.KNOWN_RECORDS if (row := arc.index.get(f"{prefix}/{r}")) is not None}
     if len(known) + len(storages.rows) != len(arc.names) \
-            or len(known | set(storages.rows.tolist())) != len(arc.names):
+            or len(known.union(storages.rows)) != len(arc.names):
         raise Decline("a record the pickle does not reference")
     storages.verify_chain(arc, prefix, alignment)
     views = _Views(loaded, storages)
@@ -168,11 +172,11 @@ def _judge(source: ByteSource, an: Analysis) -> _Result:
 def _spans(arc: PlainArchive, file_size: int) -> ZipSpans:
     """The archive's spans in file order: read_plain_archive proved the records tile the file
     up to the directory, and the end records follow it up to the last byte."""
-    order = np.argsort(arc.header_offset, kind="stable")
-    header = arc.header_offset[order].tolist()
-    names = arc.names
-    return ZipSpans(names=[names[i] for i in order.tolist()], header=header,
-                    data=arc.data_offset[order].tolist(), size=arc.size[order].tolist(),
+    order = file_order(arc.header_offset)
+    rows = range(len(arc.names)) if order is None else order
+    header = pick(arc.header_offset, rows)
+    return ZipSpans(names=pick(arc.names, rows), header=header,
+                    data=pick(arc.data_offset, rows), size=pick(arc.size, rows),
                     end=[*header[1:], arc.cd_offset], cd_offset=arc.cd_offset,
                     cd_end=arc.cd_offset + arc.cd_size, tail_start=arc.cd_offset + arc.cd_size,
                     archive_end=file_size, file_size=file_size, prefix=arc.prefix)
@@ -183,7 +187,7 @@ def _read_meta(source: ByteSource, arc: PlainArchive, row_of: Any) -> dict[str, 
             if (row := row_of(r)) is not None}
     if any(arc.size[row] > container.SMALL_RECORD_MAX for row in rows.values()):
         raise Decline("large metadata record")
-    spans = [(int(arc.data_offset[row]), int(arc.size[row])) for row in rows.values()]
+    spans = [(arc.data_offset[row], arc.size[row]) for row in rows.values()]
     return dict(zip(rows, source.read_many(spans) if spans else [], strict=True))
 
 
@@ -214,7 +218,7 @@ class _Storages:
                 or not all_of_type(keys, str) or not all_of_type(locations, str) \
                 or not all_of_type(numels, int) or (numels and min(numels) < 0):
             raise Decline("persistent id fields")
-        if numels and max(numels) >= _MAX_NUMEL:   # keeps numel x itemsize exact in int64
+        if numels and max(numels) >= _MAX_NUMEL:
             raise Decline("a storage larger than any record of this lane")
         if not all(map(restorable, set(locations))):
             raise Decline("storage location")
@@ -236,12 +240,11 @@ class _Storages:
             self.dtype = list(map(dtype_of_type.__getitem__, stypes))
         self.order, self.locations, self.numel = order, list(locations), list(numels)
         self.itemsize = _itemsizes(self.dtype)
-        self.numel_array = np.array(self.numel, dtype=np.int64)
-        self.nbytes = self.numel_array * self.itemsize
+        self.nbytes = list(map(mul, self.numel, self.itemsize))
         self.rows = _record_rows(order, arc)
-        if not np.array_equal(self.nbytes, arc.size[self.rows]):
+        if self.nbytes != pick(arc.size, self.rows):
             raise Decline("a record whose size is not numel x itemsize")
-        self.data_offset = arc.data_offset[self.rows]
+        self.data_offset = pick(arc.data_offset, self.rows)
 
     @cached_property
     def ref_ids(self) -> set[int]:
@@ -252,18 +255,17 @@ class _Storages:
         """storage key -> its row in these columns."""
         return dict(zip(self.order, range(len(self.order)), strict=True))
 
-    def rows_of(self, storage_args: Any) -> tuple[Any, list[str]]:
+    def rows_of(self, storage_args: Any) -> tuple[Sequence[int], list[str]]:
         """(storage row, storage key) of each call's storage argument; Decline unless each
         is what persistent_load returned (not a pid tuple itself, memoized and fetched)."""
         if self.distinct and len(storage_args) == len(self.refs) \
                 and all(map(is_, storage_args, self.refs)):
             # torch.save's layout: call i got pid i, the first (only) one of storage i
-            return np.arange(len(storage_args), dtype=np.int64), self.order
+            return range(len(storage_args)), self.order
         if not set(map(id, storage_args)) <= self.ref_ids:
             raise Decline("a tensor storage that is not a persistent id")
         keys = [ref[0][2] for ref in storage_args]
-        return np.fromiter(map(self.position.__getitem__, keys), dtype=np.int64,
-                           count=len(keys)), keys
+        return list(map(self.position.__getitem__, keys)), keys
 
     def verify_chain(self, arc: PlainArchive, prefix: str, alignment: int) -> None:
         """The `calculate_storage_offsets` chain lands on every record's real offsets."""
@@ -271,29 +273,24 @@ class _Storages:
             return
         if self.order[0] != "0":
             raise Decline("first storage is not '0'")
-        rows = self.rows
-        nbytes = self.nbytes
-        header, data = arc.header_offset[rows], self.data_offset
-        desc = np.where(nbytes > 0, DESCRIPTOR_SIZE32, 0)   # no zip64 records in this lane
-        if not np.array_equal(header[1:], (data + nbytes + desc)[:-1]):
+        nbytes, header, data = self.nbytes, pick(arc.header_offset, self.rows), self.data_offset
+        # a descriptor follows every non-empty record (no zip64 records in this lane)
+        if header[1:] != [offset + n + (DESCRIPTOR_SIZE32 if n else 0)
+                          for offset, n in zip(data[:-1], nbytes[:-1], strict=True)]:
             raise Decline("records are not in pickle order")
-        name_len = np.fromiter(map(len, self.order[1:]), dtype=np.int64,
-                               count=len(self.order) - 1) + len(prefix) + 6
-        start = header[1:] + LOCAL_SIZE + name_len + FB_HEADER_SIZE
-        if alignment > 1:
-            start = -(-start // alignment) * alignment
-        if not np.array_equal(start, data[1:]):
+        # the name of record i: `<prefix>/data/<key>`
+        name_len = map(add, map(len, self.order[1:]), repeat(len(prefix) + 6))
+        if writer_data_offsets(header[1:], list(name_len), alignment) != data[1:]:
             raise Decline("a data offset differs from the calculated one")
 
     def entries(self, arc: PlainArchive) -> list[StorageEntry]:
         """StorageEntry rows of every storage, in first-encounter order."""
         return list(map(_NEW_STORAGE, zip(
-            self.order, self.dtype, self.numel, self.nbytes.tolist(), self.locations,
-            map(arc.names.__getitem__, self.rows.tolist()), self.data_offset.tolist(),
-            repeat(True))))
+            self.order, self.dtype, self.numel, self.nbytes, self.locations,
+            map(arc.names.__getitem__, self.rows), self.data_offset, repeat(True))))
 
 
-def _record_rows(keys: list[str], arc: PlainArchive) -> Any:
+def _record_rows(keys: list[str], arc: PlainArchive) -> Sequence[int]:
     """The archive row of each storage key's record `<prefix>/data/<key>`, by exact name."""
     prefix = f"{arc.prefix}/data/"
     first = arc.index.get(prefix + keys[0]) if keys else None
@@ -302,11 +299,11 @@ def _record_rows(keys: list[str], arc: PlainArchive) -> Any:
         # (names hold no newline, so equal strings mean equal names one by one)
         run = arc.names[first:first + len(keys)]
         if "\n".join(run) == prefix + f"\n{prefix}".join(keys):
-            return np.arange(first, first + len(keys), dtype=np.int64)
+            return range(first, first + len(keys))
     rows = list(map(arc.index.get, [prefix + k for k in keys]))
     if None in rows:   # missing, or only under another case (miniz would find it)
         raise Decline("a storage without a record of its exact name")
-    return np.array(rows, dtype=np.int64)
+    return cast("list[int]", rows)
 
 
 # NamedTuple rows built in C from zipped columns (no Python call per row)
@@ -314,11 +311,11 @@ _NEW_STORAGE = partial(tuple.__new__, StorageEntry)
 _NEW_TENSOR = partial(tuple.__new__, TensorEntry)
 
 
-def _itemsizes(dtypes: list[str]) -> Any:
+def _itemsizes(dtypes: list[str]) -> list[int]:
     kinds = set(dtypes)
     if len(kinds) == 1:
-        return np.full(len(dtypes), ITEMSIZE[next(iter(kinds))], dtype=np.int64)
-    return np.array(list(map(ITEMSIZE.__getitem__, dtypes)), dtype=np.int64)
+        return [ITEMSIZE[next(iter(kinds))]] * len(dtypes)
+    return list(map(ITEMSIZE.__getitem__, dtypes))
 
 
 class _Views:
@@ -350,7 +347,7 @@ class _Views:
         index, self.keys = storages.rows_of(pids)
         if dtypes is None:
             dtypes = (storages.dtype[:1] * len(v2) if len(set(storages.dtype)) == 1
-                      else list(map(storages.dtype.__getitem__, index[:len(v2)].tolist())))
+                      else pick(storages.dtype, index[:len(v2)]))
         self.dtypes = dtypes + more[6] if v3 else dtypes
         if not all_of_type(offsets, int) or not all_of_type(sizes, tuple) \
                 or not all_of_type(strides, tuple) or not all_of_type(grads, bool) \
@@ -359,22 +356,22 @@ class _Views:
         if list(map(len, sizes)) != list(map(len, strides)):
             raise Decline("size and stride lengths differ")
         self.offsets, self.grads, self.sizes, self.strides = offsets, grads, sizes, strides
-        itemsize = storages.itemsize[index]
-        if v3:
-            itemsize = _itemsizes(self.dtypes)
+        itemsize = _itemsizes(self.dtypes) if v3 else pick(storages.itemsize, index)
         extent, empty = view_extents(sizes, strides)
-        if offsets and max(offsets) >= _MAX_NUMEL:   # keeps offset + extent exact in int64
+        if offsets and max(offsets) >= _MAX_NUMEL:   # past any record here: cannot fit
             raise Decline("a storage offset past any record of this lane")
-        off = np.array(offsets, dtype=np.int64) if offsets else np.zeros(0, np.int64)
         # in elements of the tensor's dtype: (offset + extent) * itemsize <= storage bytes
-        limit = storages.nbytes[index] // itemsize
-        if (off < 0).any() or ((off + extent > limit) & ~empty).any():
+        limit = map(floordiv, pick(storages.nbytes, index), itemsize)
+        has_numel = list(map(not_, empty))
+        if (offsets and min(offsets) < 0) or any(map(and_, map(gt, map(add, offsets, extent),
+                                                                limit), has_numel)):
             raise Decline("a view past the end of its storage")
         if any(grads) and any(g and not may_require_grad(d)
                               for g, d in zip(grads, self.dtypes, strict=True)):
             raise Decline("requires_grad on a non-floating tensor")
-        self.nbytes = np.where(empty, 0, extent * itemsize)
-        self.data_offset = storages.data_offset[index] + off * itemsize
+        self.nbytes = list(map(mul, map(mul, extent, itemsize), has_numel))
+        self.data_offset = list(map(add, pick(storages.data_offset, index),
+                                    map(mul, offsets, itemsize)))
         self._params(loaded.calls[RebuildParameter], loaded)
 
     @cached_property
@@ -481,18 +478,16 @@ def _walk(loaded: Loaded, views: _Views, storages: _Storages, record: str,
     if len(inner) == len(calls) and all(map(is_, inner, calls)):
         # torch.save's layout: the i-th tensor met is the i-th call, columns as they are
         rows = None
-        data_offset, nbytes = views.data_offset.tolist(), views.nbytes.tolist()
+        data_offset, nbytes = views.data_offset, views.nbytes
     else:
-        rows = np.fromiter(map(views.position.__getitem__, map(id, inner)), dtype=np.int64,
-                           count=len(inner))
+        rows = list(map(views.position.__getitem__, map(id, inner)))
         # torch runs every rebuild call, reachable or not: each must be in the manifest
-        if len(calls) and not np.bincount(rows, minlength=len(calls)).all():
+        if len(set(rows)) != len(calls):
             raise Decline("a rebuild call the graph does not reach")
-        row_list = rows.tolist()
-        columns = tuple(list(map(column.__getitem__, row_list)) for column in columns)
-        data_offset, nbytes = views.data_offset[rows].tolist(), views.nbytes[rows].tolist()
+        columns = tuple(list(map(column.__getitem__, rows)) for column in columns)
+        data_offset, nbytes = pick(views.data_offset, rows), pick(views.nbytes, rows)
     if grads is None:
-        grads = views.grads if rows is None else list(map(views.grads.__getitem__, row_list))
+        grads = views.grads if rows is None else list(map(views.grads.__getitem__, rows))
     dtypes, sizes, strides, offsets, keys = columns
     return list(map(_NEW_TENSOR, zip(
         names, paths, dtypes, map(list, sizes), map(list, strides), offsets, keys, kind, grads,

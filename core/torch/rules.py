@@ -3,7 +3,7 @@
 Every path that judges a checkpoint imports its rules from here: the exact interpreter
 (core.torch.weights_only + core.torch.callables, which word each refusal as torch does),
 the general fast path (core.judge over core.pickle.fast, which declines instead of
-wording), the column-wise lane (core.lane, the same rules over NumPy columns) and the
+wording), the column-wise lane (core.lane, the same rules over whole columns) and the
 manifest (core.manifest). A rule changed here changes every path at once.
 
 - modules torch blocks before it even looks at the allowlist;
@@ -18,7 +18,8 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from itertools import chain
+from itertools import accumulate, chain, repeat
+from operator import contains, mul, sub
 from typing import Any
 
 from ckptguard.core.errors import Decline
@@ -45,7 +46,8 @@ TORCH_ACCEPTED_CODES: frozenset[int] = frozenset(BY_NAME[name].code for name in 
 
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1   # what torch's argument parser unpacks
 INT64_SAFE = 1 << 62   # ints below this are exact through every product we form
-# the lane's columns: sizes/strides below this keep every sum inside int64; more dims decline
+# the lane's columns decline sizes/strides from this on, and more dims (bounds it has
+# always had: a column's sums once lived in int64)
 MAX_COLUMN_EXTENT = 1 << 28
 MAX_COLUMN_DIMS = 64
 
@@ -397,25 +399,22 @@ def all_of_type(values: Any, kind: type) -> bool:
     return set(map(type, values)) <= {kind}
 
 
-def view_extents(sizes: Any, strides: Any) -> tuple[Any, Any]:
-    """(1 + sum((n - 1) * stride), numel == 0) per tensor, in int64 without overflow."""
-    import numpy as np  # only the column paths need numpy: a small scan does not load it
-
-    count = len(sizes)
+def view_extents(sizes: Any, strides: Any) -> tuple[list[int], list[bool]]:
+    """(1 + sum((n - 1) * stride), numel == 0) per tensor; sizes and strides are checked to be
+    ints in [0, MAX_COLUMN_EXTENT), with at most MAX_COLUMN_DIMS dims."""
     flat_n = list(chain.from_iterable(sizes))
     flat_s = list(chain.from_iterable(strides))
     if not (all_of_type(flat_n, int) and all_of_type(flat_s, int)):
         raise Decline("non-integer size or stride")
-    n = np.array(flat_n, dtype=np.int64) if flat_n else np.zeros(0, np.int64)
-    s = np.array(flat_s, dtype=np.int64) if flat_s else np.zeros(0, np.int64)
-    if len(n) and ((n < 0).any() or (s < 0).any() or n.max() >= MAX_COLUMN_EXTENT
-                   or s.max() >= MAX_COLUMN_EXTENT):
+    if flat_n and (min(flat_n) < 0 or min(flat_s) < 0 or max(flat_n) >= MAX_COLUMN_EXTENT
+                   or max(flat_s) >= MAX_COLUMN_EXTENT):
         raise Decline("negative or huge size/stride")
-    dims = np.fromiter(map(len, sizes), dtype=np.int64, count=count)
-    if count and dims.max() > MAX_COLUMN_DIMS:
+    dims = list(map(len, sizes))
+    if dims and max(dims) > MAX_COLUMN_DIMS:
         raise Decline("too many dimensions")
-    ends = np.cumsum(dims)
-    starts = ends - dims
-    terms = np.concatenate(([0], np.cumsum((n - 1) * s)))
-    zeros = np.concatenate(([0], np.cumsum(n == 0)))
-    return 1 + terms[ends] - terms[starts], (zeros[ends] - zeros[starts]) > 0
+    # running sums of (n - 1) * stride over every dim, read where each tensor's dims end:
+    # a tensor's sum is its end's minus the previous tensor's (C loops, no statement a dim)
+    running = list(accumulate(map(mul, map(sub, flat_n, repeat(1)), flat_s), initial=0))
+    at_ends = list(map(running.__getitem__, accumulate(dims)))
+    extents = list(map(sub, at_ends, chain((-1,), map(sub, at_ends, repeat(1)))))
+    return extents, list(map(contains, sizes, repeat(0)))

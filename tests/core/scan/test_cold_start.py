@@ -1,8 +1,8 @@
 """Cold start (issue 14): a scan imports what the file needs. A whole-process scan of a small
 pickle loads no module a pickle does not need (numpy, the zip layers, HTTP, the export judge,
 hashlib's OpenSSL start-up); a clean torch.save zip, judged by the fast lane, loads none of
-the general path's (the emulator, the VM, the manifest builder, the zip forensics); and
-import-time tables are not built from pickletools."""
+the general path's (the emulator, the VM, the manifest builder, the zip forensics) and not
+numpy; and import-time tables are not built from pickletools."""
 
 from __future__ import annotations
 
@@ -87,6 +87,25 @@ def test_a_clean_torch_zip_scan_imports_only_the_fast_lane(tmp_path: Path, entry
     assert loaded == []
 
 
+def test_a_cli_scan_of_a_clean_torch_save_zip_does_not_import_numpy(tmp_path: Path) -> None:
+    """The fast lane reads its columns into lists: numpy's import (~150 ms, more than the
+    lane's whole scan of a 10,000-tensor checkpoint) is not on a clean file's path."""
+    torch = pytest.importorskip("torch")
+    target = tmp_path / "clean.pt"
+    torch.save({f"layer.{i}.weight": torch.zeros(2, 2) for i in range(3)}, target)
+    code = ("import json, sys\n"
+            "from ckptguard.app.cli import main\n"
+            f"status = main(['scan', {str(target)!r}])\n"
+            "print(json.dumps([status, sorted(sys.modules)]))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, timeout=120)
+    status, modules = json.loads(out.stdout.splitlines()[-1])
+    assert status == 0   # safe
+    assert "ckptguard.core.lane.torch_zip" in modules   # the lane judged it...
+    assert "ckptguard.core.formats.torch_zip" not in modules   # ...and did not decline
+    assert [m for m in modules if m == "numpy" or m.startswith("numpy.")] == []
+
+
 def test_the_first_opcode_table_is_pickletools_own() -> None:
     """core.sniff writes the table out (no pickletools import at start-up): it must be the
     opcodes that take nothing from the stack, plus the few kept so such bytes read as a pickle."""
@@ -103,11 +122,10 @@ def test_a_cli_scan_that_needs_numpy_starts_no_blas_threads(tmp_path: Path) -> N
     environment says otherwise)."""
     if (os.cpu_count() or 1) < 2:
         pytest.skip("one core: OpenBLAS starts no extra thread anyway")
-    from tests.builders.torchlayout import state_dict, torch_layout, v2
+    np = pytest.importorskip("numpy")
 
-    target = tmp_path / "many.pt"
-    pickled = state_dict(*((f"layer.{i}.weight", v2(str(i))) for i in range(200)))
-    target.write_bytes(torch_layout("many", pickled, [(str(i), bytes(8)) for i in range(200)]))
+    target = tmp_path / "array.npy"
+    np.save(target, np.zeros(200, dtype=np.float32), allow_pickle=False)
     code = ("import json, os, sys\n"
             "from ckptguard.app.cli import main\n"
             f"status = main(['scan', '-q', {str(target)!r}])\n"
@@ -116,5 +134,5 @@ def test_a_cli_scan_that_needs_numpy_starts_no_blas_threads(tmp_path: Path) -> N
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, timeout=120, env=env)
     status, numpy_loaded, threads = json.loads(out.stdout.splitlines()[-1])
-    assert status == 0 and numpy_loaded   # the column lane ran, so numpy (and OpenBLAS) loaded
+    assert status == 0 and numpy_loaded   # the .npy reader ran, so numpy (and OpenBLAS) loaded
     assert threads == 1
