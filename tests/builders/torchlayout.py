@@ -20,9 +20,13 @@ META = (("version", b"3\n"), (".format_version", b"1"), (".storage_alignment", b
 
 
 def torch_layout(prefix: str, data_pkl: bytes, storages: Sequence[tuple[str, bytes]] = (),
-                 *, alignment: int = 64, meta: Sequence[tuple[str, bytes]] = META) -> bytes:
-    records = [("data.pkl", data_pkl), *((f"data/{k}", b) for k, b in storages), *meta,
-               (".data/serialization_id", b"0" * 40)]
+                 *, alignment: int = 64, meta: Sequence[tuple[str, bytes]] = META,
+                 bare: frozenset[str] = frozenset()) -> bytes:
+    """`bare`: records written with no extra field (as zipfile writes them); the serialization
+    id comes last unless `meta` places it."""
+    records = [("data.pkl", data_pkl), *((f"data/{k}", b) for k, b in storages), *meta]
+    if ".data/serialization_id" not in dict(meta):
+        records.append((".data/serialization_id", b"0" * 40))
     out = bytearray()
     central = bytearray()
     for rel, payload in records:
@@ -33,7 +37,7 @@ def torch_layout(prefix: str, data_pkl: bytes, storages: Sequence[tuple[str, byt
         flags = 0x0800 if empty else 0x0808
         start = offset + 30 + len(name) + 4
         pad = (-start) % alignment if alignment > 1 else 0
-        extra = b"FB" + struct.pack("<H", pad) + b"Z" * pad
+        extra = b"" if rel in bare else b"FB" + struct.pack("<H", pad) + b"Z" * pad
         local_crc, local_size = (crc, 0) if empty else (0, 0)
         out += struct.pack("<IHHHHHIIIHH", 0x04034B50, 20, flags, 0, 0, 0, local_crc,
                            local_size, local_size, len(name), len(extra)) + name + extra

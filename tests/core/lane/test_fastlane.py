@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gc
 import io
+import struct
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -15,12 +16,13 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from ckptguard.core.errors import Decline
-from ckptguard.core.io.source import BytesSource
+from ckptguard.core.io.source import BytesSource, FileSource
 from ckptguard.core.lane import torch_zip as fastlane
 from ckptguard.core.pickle.fast import tokenize as pickletoken
 from ckptguard.core.pickle.fast.column_stubs import RebuildCall
 from ckptguard.core.scan import scan_path, scan_source
 from ckptguard.core.state import Analysis, ScanOptions
+from ckptguard.core.zip import columns
 from ckptguard.core.zip.columns import REMOTE_LOCALS
 from tests.agreement import assert_agree, reports
 from tests.agreement import comparable as comparable_report
@@ -101,9 +103,32 @@ def _binstring_key() -> bytes:
     return torch_layout("ex", pkl, [("0", F8)])
 
 
+def _touching_headers() -> bytes:
+    """An empty serialization id written as zipfile writes it (no extra field, no data
+    descriptor) before the metadata records: its local header and name end where the next
+    local header starts, so the lane reads the two in one read and cuts it."""
+    return torch_layout("ex", state_dict(("a", v2("0")), ("b", v2("1"))), [("0", F8), ("1", F8)],
+                        meta=[(".data/serialization_id", b""), *META],
+                        bare=frozenset({".data/serialization_id"}))
+
+
+def _central_order(order: str) -> bytes:
+    """_plain() with its central records reversed or rotated: the central order is not the
+    file order, which the lane's columns sort by."""
+    data = _plain()
+    z64 = data.rfind(b"PK\x06\x06")
+    cd_size, cd_offset = struct.unpack_from("<QQ", data, z64 + 40)
+    records = [b"PK\x01\x02" + r for r in data[cd_offset:cd_offset + cd_size].split(b"PK\x01\x02")[1:]]
+    records = records[::-1] if order == "reversed" else records[1:] + records[:1]
+    return data[:cd_offset] + b"".join(records) + data[cd_offset + cd_size:]
+
+
 TAKEN = {"binstring-key": _binstring_key, "plain": _plain, "nested": _nested,
          "parameter": _parameter, "tied-views": _tied_views,
-         "ordereddict-attribute": _ordereddict_attribute, "module-state-dict": _module_state_dict}
+         "ordereddict-attribute": _ordereddict_attribute, "module-state-dict": _module_state_dict,
+         "touching-local-headers": _touching_headers,
+         "central-order-reversed": lambda: _central_order("reversed"),
+         "central-order-rotated": lambda: _central_order("rotated")}
 
 
 def _declined() -> dict[str, bytes]:
@@ -175,6 +200,26 @@ def test_lane_takes_clean_archives_with_the_general_report(
     assert fast["verdict"] == "safe" and fast["tensors"]
     if case in ("ordereddict-attribute", "module-state-dict"):   # BUILD's attributes are
         assert [t["name"] for t in fast["tensors"]] == ["w", "_extra"]  # children too
+
+
+@pytest.mark.parametrize("cap", [None, 1])
+def test_touching_local_headers_share_a_read_up_to_the_cap(
+        cap: int | None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Touching local headers share a read up to COALESCE_MAX (+ one header); past it the run
+    is split. Either way each header is found in its read, and the lane takes the file."""
+    path = tmp_path / "x.pt"
+    path.write_bytes(_touching_headers())
+    if cap is not None:
+        monkeypatch.setattr(columns, "COALESCE_MAX", cap)
+    source = FileSource(path)
+    reads: list[list[tuple[int, int]]] = []
+    read_many = source.read_many
+    monkeypatch.setattr(source, "read_many", lambda spans: reads.append(list(spans)) or read_many(spans))
+    assert fastlane.try_torch_zip(source, Analysis())
+    entries = 8   # data.pkl, 2 storages, the serialization id, 4 metadata records
+    assert len(reads[0]) == (entries - 1 if cap is None else entries)   # the local headers
+    fast, slow = both_paths(path)
+    assert fast == slow
 
 
 @pytest.mark.parametrize("n", [999, 1000, 2000, 2001])
