@@ -67,7 +67,6 @@ from ckptguard.core.torch.rules import (
 )
 from ckptguard.core.zip.columns import (
     PlainArchive,
-    file_order,
     pick,
     read_plain_archive,
     writer_data_offsets,
@@ -172,8 +171,7 @@ def _judge(source: ByteSource, an: Analysis) -> _Result:
 def _spans(arc: PlainArchive, file_size: int) -> ZipSpans:
     """The archive's spans in file order: read_plain_archive proved the records tile the file
     up to the directory, and the end records follow it up to the last byte."""
-    order = file_order(arc.header_offset)
-    rows = range(len(arc.names)) if order is None else order
+    rows = range(len(arc.names)) if arc.order is None else arc.order
     header = pick(arc.header_offset, rows)
     return ZipSpans(names=pick(arc.names, rows), header=header,
                     data=pick(arc.data_offset, rows), size=pick(arc.size, rows),

@@ -109,6 +109,7 @@ class PlainArchive:
     locals_read: int               # local headers read (all of them on a local source)
     cd_size: int = 0               # the end records follow the directory, then the file ends
     name_len: list[int] = field(default_factory=list)   # bytes of each name (ASCII)
+    order: list[int] | None = None   # rows by header offset (file_order); None: in that order
 
     def place_unread(self, alignment: int) -> None:
         """Rows whose local header was not read get the data offset torch's writer gives
@@ -132,9 +133,8 @@ class PlainArchive:
         # a data descriptor follows each record written with bit 3 (zip64-sized: never here)
         end = [offset + n + (DESCRIPTOR_SIZE32 if flag & FLAG_DESCRIPTOR and n else 0)
                for offset, n, flag in zip(data, size, self.flags, strict=True)]
-        order = file_order(header)
-        if order is not None:
-            header, end = pick(header, order), pick(end, order)
+        if self.order is not None:
+            header, end = pick(header, self.order), pick(end, self.order)
         if header[0] != 0 or header[1:] != end[:-1] or end[-1] != self.cd_offset:
             raise Decline("records do not tile the file")
 
@@ -289,10 +289,10 @@ def _reads(starts: list[int], ends: list[int]) -> tuple[Sequence[int], list[int]
     return split_firsts, split_ends
 
 
-def _local_headers(source: ByteSource, header: list[int], span: list[int]
+def _local_headers(source: ByteSource, header: list[int], span: list[int], order: list[int] | None
                    ) -> tuple[list[bytes], int]:
-    """[header, header + span) of every entry, in the entries' order, and the bytes read."""
-    order = file_order(header)
+    """[header, header + span) of every entry, in the entries' order (`order`: file_order), and
+    the bytes read."""
     starts = header if order is None else pick(header, order)
     spans = span if order is None else pick(span, order)
     ends = list(map(add, starts, spans))
@@ -356,7 +356,9 @@ def read_plain_archive(source: ByteSource, limits: Limits) -> PlainArchive:
     span = list(map(add, pick(name_len, read_rows), repeat(LOCAL_SIZE)))
     if not r_header:
         raise Decline("no local header to read")
-    heads, read = _local_headers(source, r_header, span)
+    order = file_order(header)
+    heads, read = _local_headers(source, r_header, span,
+                                 order if len(read_rows) == n_total else file_order(r_header))
     local = _Records(b"".join(map(itemgetter(slice(LOCAL_SIZE)), heads)), LOCAL_SIZE)
     if local.field(0, 4) != [bytes([c]) * len(heads) for c in _LOCAL_SIGNATURE]:
         raise Decline("local header signature")
@@ -381,4 +383,4 @@ def read_plain_archive(source: ByteSource, limits: Limits) -> PlainArchive:
             data[row] = offset
     return PlainArchive(prefix.decode("ascii"), names, index, folded, header, data, size,
                         cd_offset, EOCD_SIZE + cd_size + read, flags, len(read_rows), cd_size,
-                        name_len)
+                        name_len, order)
