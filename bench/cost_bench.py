@@ -10,7 +10,8 @@ Writes into a temp dir (deleted afterwards) and prints one table:
                views sharing a long shape or storage key, globals sharing a long module) next
                to the issue's bound (8 x pickle + 2 KiB per tensor) and the report cap;
   cold start   whole-process `ckptguard scan` of a ~250-byte pickle vs `python -c pass`, and of
-               the 10,000-tensor file vs a whole-process torch.load(weights_only, mmap);
+               the 10,000-tensor file vs a whole-process torch.load(weights_only, mmap)
+               (5 alternating rounds: the lowest and the median ratio);
   10k          the 10,000-tensor scan (in-process, best of 5) on every --python given (each
                needs ckptguard installed) and whether the fast lane took it, vs torch.load;
   remote       the 100,000-tensor file over HTTP Range from tests/rangeserver.py on 127.0.0.1
@@ -190,10 +191,17 @@ def cold_start(tmp: Path, ten_k: Path) -> None:
     base = _wall([sys.executable, "-c", "pass"], env=cached)
     scan_tiny = _wall([cli, "scan", str(tiny)], env=cached)
     scan_tiny_nocache = _wall([cli, "scan", str(tiny)], env=uncached)
-    scan_10k = _wall([cli, "scan", str(ten_k)], 3, env=cached)
-    load_10k = _wall([sys.executable, "-c",
-                      f"import torch; torch.load({str(ten_k)!r}, weights_only=True, mmap=True)"], 3,
-                     env=cached)
+    # the two processes alternate, round by round: the VM's speed drifts by tens of per cent
+    # within minutes, so a ratio is only fair between neighbours
+    rounds = []
+    for _ in range(5):
+        scan_s = _wall([cli, "scan", str(ten_k)], 3, env=cached)
+        load_s = _wall([sys.executable, "-c", f"import torch; torch.load({str(ten_k)!r}, "
+                        "weights_only=True, mmap=True)"], 1, env=cached)
+        rounds.append((load_s / scan_s, scan_s, load_s))
+    rounds.sort()
+    ratio_min, scan_10k, load_10k = rounds[0]
+    ratio_median = rounds[len(rounds) // 2][0]
     print("\n### cold start (whole process, best of 5 / 3)\n")
     _row("command", "wall s", "ratio")
     _row("---", "---", "---")
@@ -202,9 +210,10 @@ def cold_start(tmp: Path, ten_k: Path) -> None:
          f"{scan_tiny / base:.1f}x python -c pass")
     _row("  the same, no bytecode cache (PYTHONDONTWRITEBYTECODE=1)", f"{scan_tiny_nocache:.3f}",
          f"{scan_tiny_nocache / base:.1f}x python -c pass")
-    _row("ckptguard scan 10k.pt", f"{scan_10k:.3f}", "")
+    _row("ckptguard scan 10k.pt (the round of the lowest ratio)", f"{scan_10k:.3f}", "")
     _row("python -c 'torch.load(10k.pt, weights_only, mmap)'", f"{load_10k:.3f}",
-         f"{load_10k / scan_10k:.1f}x slower than ckptguard")
+         f"{ratio_min:.1f}x slower than ckptguard (lowest of 5 rounds; median "
+         f"{ratio_median:.1f}x)")
 
 
 def ten_k(ten_k_path: Path, pythons: list[str]) -> None:
