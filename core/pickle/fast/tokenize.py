@@ -52,7 +52,7 @@ def _short_unicode(limit: int) -> bytes:
     """BINUNICODE's length and text for every length under `limit`, one branch per length.
     Compiling the walk costs in proportion to its branches, once per process: tensor names
     and other strings under 128 bytes, storage keys under 16 (torch writes str(int)), make it
-    ~11 ms where 256 everywhere took ~28 ms (best of 9 here)."""
+    about half of what 256 everywhere took (best of 9 here)."""
     return b"|".join(re.escape(bytes((n,))) + rb"\x00\x00\x00(?s:.){%d}" % n for n in range(limit))
 
 
@@ -62,19 +62,20 @@ _ONE_OPCODE = (
     rb"|M[\x00-\xff]{2}"
     rb"|X(?:" + _SHORT_UNICODE + rb")"
     rb"|[Jj][\x00-\xff]{4}|r[\x00-\xff]{2}[\x00-\x0f]\x00|G[\x00-\xff]{8}")
-# An accelerator, not a rule: the opcodes torch.save writes for one state_dict entry
-# (key, then `_rebuild_tensor_v2(pid, offset, size, stride, requires_grad, OrderedDict())`),
+# An accelerator, not a rule: the opcodes torch.save writes for one state_dict entry after
+# its key (`_rebuild_tensor_v2(pid, offset, size, stride, requires_grad, OrderedDict())`),
 # as ONE regex branch. Every piece is one of the opcodes above, so a match consumes exactly
 # what the opcode-by-opcode branch would; it only saves the engine ~30 iterations per
-# tensor (halves the walk: bench/scan_stages.py).
+# tensor (halves the walk: bench/scan_stages.py). The key itself (and its PUT) is walked by
+# the one-opcode branch: a second copy of the 128 string branches here would cost ~8 ms of
+# every process's compile (22 -> 14 ms) for no measurable gain in the walk.
 _PUT = rb"(?:q[\x00-\xff]|r[\x00-\xff]{2}[\x00-\x0f]\x00)"
 _GET = rb"(?:h[\x00-\xff]|j[\x00-\xff]{4})"
 _INT = rb"(?:K[\x00-\xff]|M[\x00-\xff]{2}|J[\x00-\xff]{4})"
-_STR = rb"X(?:" + _SHORT_UNICODE + rb")"
 _TUPLE = (rb"(?:" + _INT + rb"\x85" + _PUT + rb"?|" + _INT + _INT + rb"\x86" + _PUT + rb"?|"
           + _INT * 3 + rb"\x87" + _PUT + rb"?|\x29|\x28" + _INT + rb"{0,64}t" + _PUT + rb"?)")
 _STORAGE_KEY = rb"X(?:" + _short_unicode(16) + rb")"
-_TENSOR_ENTRY = (_STR + _PUT + rb"?" + _GET + rb"\x28\x28" + _GET + _GET + _STORAGE_KEY + _PUT + rb"?"
+_TENSOR_ENTRY = (_GET + rb"\x28\x28" + _GET + _GET + _STORAGE_KEY + _PUT + rb"?"
                  + _GET + _INT + rb"t" + _PUT + rb"?Q" + _INT + _TUPLE + _TUPLE
                  + rb"[\x88\x89]" + _GET + rb"\x29R" + _PUT + rb"?t" + _PUT + rb"?R" + _PUT + rb"?")
 # The run is a plain greedy repeat with nothing after it, not a possessive `*+` or an atomic
@@ -95,7 +96,7 @@ _RUN_NEWOBJ_SOURCE = rb"(?:" + _TENSOR_ENTRY + rb"|\x81|" + _ONE_OPCODE + rb"){0
 
 @functools.cache
 def run_pattern(newobj: bool) -> re.Pattern[bytes]:
-    """The compiled walk (compiled on first use: ~11 ms each, which a process that scans
+    """The compiled walk (compiled on first use: ~7-14 ms each, which a process that scans
     one small pickle, or no pickle at all, need not pay)."""
     return re.compile(_RUN_NEWOBJ_SOURCE if newobj else _RUN_SOURCE)
 _U32 = struct.Struct("<I")
