@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import logging
+import os
+import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
@@ -223,7 +225,19 @@ def work(settings: Settings | None = None) -> None:
     """`ckptguard worker`: run hub jobs and asynchronous URL scans, no HTTP, until SIGTERM."""
     settings = settings or Settings()
     logs.configure(settings.log_level)
-    asyncio.run(_work(settings))
+    loop = asyncio.new_event_loop()
+    try:
+        loop.run_until_complete(_work(settings))
+    except BaseException:
+        loop.close()
+        raise
+    # Every job has finished or gone back to the queue and the store is closed. A thread still
+    # blocked in a remote read (its job already handed back) would hold the exit until the
+    # read times out: asyncio.run and the interpreter's exit both join executor threads.
+    # Leave without them, so an orchestrator's SIGTERM stops the worker within its grace.
+    logging.shutdown()
+    sys.stdout.flush()
+    os._exit(0)
 
 
 async def _work(settings: Settings) -> None:

@@ -87,6 +87,8 @@ class Settings(BaseSettings):
     notify_secret: str | None = Field(default=None,
                                       description="HMAC-SHA256 key for the notification signature")
     notify_retries: int = Field(default=3, ge=0, le=20, description="extra notification attempts")
+    notify_timeout_seconds: float = Field(default=10.0, gt=0, le=300,
+                                          description="one notification attempt's limit")
     hub_scan_attempts: int = Field(default=3, ge=1, le=20, description="tries per file (and tree listing)")
     hub_retry_backoff_seconds: float = Field(default=2.0, ge=0,
                                              description="first retry delay, doubled each time")

@@ -50,7 +50,6 @@ log = logging.getLogger("ckptguard.hub")
 SANDBOX_CODES = frozenset({Code.TIMEOUT.value, Code.RESOURCE_LIMIT.value, Code.WORKER_CRASHED.value,
                            Code.INTERNAL_ERROR.value})
 ScanFn = Callable[..., FileScan]
-NOTIFY_TIMEOUT_S = 10.0   # one notification attempt
 
 
 class RetryLater(Exception):
@@ -315,7 +314,7 @@ class HubRunner:
     def _notify_budget(self) -> float:
         """The longest one notification takes, all its retries included (its claim's term)."""
         s = self.settings
-        return float((s.notify_retries + 1) * NOTIFY_TIMEOUT_S
+        return float((s.notify_retries + 1) * s.notify_timeout_seconds
                      + s.hub_retry_backoff_seconds * 2 ** s.notify_retries)
 
     async def _notify(self, job_id: str) -> str:
@@ -342,7 +341,8 @@ class HubRunner:
             return
         error = await notify(url, doc, secret=self.settings.notify_secret,
                              retries=self.settings.notify_retries,
-                             backoff_s=self.settings.hub_retry_backoff_seconds, timeout_s=NOTIFY_TIMEOUT_S)
+                             backoff_s=self.settings.hub_retry_backoff_seconds,
+                             timeout_s=self.settings.notify_timeout_seconds)
         await asyncio.to_thread(self.db.notified, job_id, error)
 
 
