@@ -40,6 +40,12 @@ _RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
 LAST_MODIFIED = "Mon, 02 Nov 2026 10:00:00 GMT"
 
 
+def serving_thread(httpd: ThreadingHTTPServer) -> threading.Thread:
+    """A daemon thread that serves `httpd` until `httpd.shutdown()`. serve_forever checks for
+    the shutdown every poll interval (0.5 s by default, paid by every server a test stops)."""
+    return threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
+
+
 @dataclass
 class Logged:
     method: str
@@ -66,7 +72,7 @@ class RangeServer:
         self.lock = threading.Lock()
         self._httpd = _QuietServer(("127.0.0.1", 0), _make_handler(self))
         self._httpd.daemon_threads = True
-        self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
+        self._thread = serving_thread(self._httpd)
 
     @property
     def port(self) -> int:

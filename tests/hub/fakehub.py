@@ -22,7 +22,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, quote, unquote, urlsplit
 
-from tests.rangeserver import RangeServer
+from tests.rangeserver import RangeServer, serving_thread
 
 LFS_THRESHOLD = 10 * 1024  # the Hub stores larger files (and all binaries) in LFS; small text in git
 
@@ -50,7 +50,7 @@ class FakeHub:
         self.lock = threading.Lock()
         self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
         self._httpd.daemon_threads = True
-        self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
+        self._thread = serving_thread(self._httpd)
 
     @property
     def url(self) -> str:

@@ -18,6 +18,7 @@ from ckptguard.app.tables import hub_jobs
 from tests.hub.checkpoints import EXPECTED_A, REPO, REV_A, REV_B
 from tests.hub.conftest import SECRET, by_path, deliver, payload, wait_done
 from tests.hub.fakehub import FakeHub, blob_path
+from tests.rangeserver import serving_thread
 
 MakeClient = Callable[..., TestClient]
 
@@ -252,7 +253,7 @@ class Receiver:
                 self.end_headers()
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        serving_thread(self.httpd).start()
 
     @property
     def url(self) -> str:
