@@ -13,6 +13,7 @@ cut are counted in `regions_omitted`). One LIMIT_REPORT finding
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
 from collections.abc import Iterable, Sequence
 from itertools import chain
@@ -32,6 +33,8 @@ _STORAGE_FIXED = len(json.dumps(StorageEntry("", "", 0, 0, "", "", 0, False).to_
 # a map region (core.filemap.Region: kind, name, offset, length)
 _REGION_FIXED = len(json.dumps({"kind": "", "name": "", "offset": 0, "length": 0}))
 _RESERVE = 4096   # the LIMIT_REPORT finding itself, with its counts
+# the ASCII characters json.dumps escapes: controls, DEL, the quote and the backslash
+_JSON_ESCAPED = bytes(range(0x20)) + b'"\\\x7f'
 
 
 def report_budget(limits: Limits, bytes_read: int, tensors: int) -> int:
@@ -44,13 +47,37 @@ def report_budget(limits: Limits, bytes_read: int, tensors: int) -> int:
 
 def _text(strings: Iterable[str | None]) -> int:
     """JSON characters of the strings' contents (escapes included, quotes not), summed."""
-    joined = "".join(filter(None, strings))
-    return len(encode_basestring_ascii(joined)) - 2 if joined else 0
+    return _json_chars("".join(filter(None, strings)))
 
 
-def _width(*numbers: Iterable[int]) -> int:
-    """At least the characters of the widest integer among `numbers`, a sign included."""
-    widest = int(max(map(abs, chain(*numbers)), default=0))
+def _json_chars(text: str) -> int:
+    """JSON characters of `text`'s contents (escapes included, quotes not). ASCII without a
+    character JSON escapes, what names and records nearly always are, is counted without
+    encoding it: two C passes (a copy and a byte filter) instead of the encoder's."""
+    if text.isascii():
+        raw = text.encode("ascii")
+        if len(raw.translate(None, _JSON_ESCAPED)) == len(raw):
+            return len(raw)
+    return len(encode_basestring_ascii(text)) - 2
+
+
+def _transposed(rows: Sequence[tuple[Any, ...]]) -> tuple[tuple[Any, ...], ...]:
+    """The rows' columns. zip(*rows) holds an iterator per row at once: with the collector
+    on, 100,000 rows set off dozens of collections of the whole heap for nothing (the rows
+    are tuples of values, no cycle is made here), so it runs with the collector off."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return tuple(zip(*rows, strict=True))
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _widest(*columns: Sequence[int]) -> int:
+    """At least the characters of the widest integer in `columns`, a sign included (two C
+    passes per column: no call per value)."""
+    widest = max((max(max(c), -min(c)) for c in columns if c), default=0)
     if widest.bit_length() > 10_000:   # `str` refuses ints past 4,300 digits
         return widest.bit_length() * 30103 // 100000 + 2
     return len(str(widest)) + 1
@@ -58,30 +85,28 @@ def _width(*numbers: Iterable[int]) -> int:
 
 def tensors_bound(tensors: Sequence[TensorEntry], max_name_chars: int) -> int:
     """An upper bound of the JSON characters of the tensor rows (with their separators), in
-    a few C-speed passes over the columns."""
+    C-speed passes over the columns (the rows transposed once)."""
     n = len(tensors)
     if not n:
         return 0
-
-    def column(i: int) -> Iterable[Any]:
-        return map(itemgetter(i), tensors)
-
-    names = "".join(column(0))
+    (names, paths, dtypes, shapes, strides, offsets, storages, kinds, _, data_offsets, nbytes,
+     records, flags) = _transposed(tensors)
+    joined = "".join(names)
     # a path's segments hold its name's characters minus the dots, plus per segment two
     # quotes and ", "; a shortened path (NAME_MARK) may hold up to max_name_chars more
-    name_text = len(encode_basestring_ascii(names)) - 2
-    shortened = names.count(NAME_MARK)
-    segments = sum(map(len, column(1)))
-    dims = sum(map(len, column(3))) + sum(map(len, column(4)))
-    dim_width = _width(chain.from_iterable(column(3)), chain.from_iterable(column(4))) + 2
+    name_text = _json_chars(joined)
+    shortened = joined.count(NAME_MARK)
+    segments = sum(map(len, paths))
+    dims = list(chain.from_iterable(chain(shapes, strides)))
+    dim_width = _widest(dims) + 2
     # the fixed row has 0 for each integer and "" for each text: the rest, and null's extra
-    ints = _width(column(5)) + _width(filter(None, column(9))) + _width(column(10)) - 3
-    nulls = 2 * (countOf(column(6), None) + countOf(column(11), None)) + 3 * countOf(column(9), None)
+    ints = _widest(offsets) + _widest(list(filter(None, data_offsets))) + _widest(nbytes) - 3
+    nulls = 2 * (countOf(storages, None) + countOf(records, None)) + 3 * countOf(data_offsets, None)
     # dtype and kind come from small sets: the longest one per row
-    closed = sum(max(map(len, map(encode_basestring_ascii, set(column(i))))) - 2 for i in (2, 7))
+    closed = sum(max(map(len, map(encode_basestring_ascii, set(c)))) - 2 for c in (dtypes, kinds))
     return (n * (_TENSOR_FIXED + 2 + ints + closed) + nulls
-            + 2 * name_text + 4 * segments + shortened * max_name_chars + dims * dim_width
-            + _text(column(6)) + _text(column(11)) + 8 * sum(map(len, column(12))))
+            + 2 * name_text + 4 * segments + shortened * max_name_chars + len(dims) * dim_width
+            + _text(storages) + _text(records) + 8 * sum(map(len, flags)))
 
 
 def storages_bound(storages: Sequence[StorageEntry]) -> int:
@@ -89,14 +114,11 @@ def storages_bound(storages: Sequence[StorageEntry]) -> int:
     n = len(storages)
     if not n:
         return 0
-
-    def column(i: int) -> Iterable[Any]:
-        return map(itemgetter(i), storages)
-
-    ints = sum(_width(filter(None, column(i))) for i in (2, 3, 6)) - 3
-    nulls = 2 * countOf(column(5), None) + 3 * countOf(column(6), None)
+    keys, dtypes, numels, nbytes, locations, records, data_offsets, _ = _transposed(storages)
+    ints = sum(_widest(list(filter(None, c))) for c in (numels, nbytes, data_offsets)) - 3
+    nulls = 2 * countOf(records, None) + 3 * countOf(data_offsets, None)
     return (n * (_STORAGE_FIXED + 2 + ints) + nulls
-            + sum(_text(column(i)) for i in (0, 1, 4, 5)))
+            + sum(_text(c) for c in (keys, dtypes, locations, records)))
 
 
 def regions_bound(regions: Sequence[Any]) -> int:
@@ -104,7 +126,7 @@ def regions_bound(regions: Sequence[Any]) -> int:
     n = len(regions)
     if not n:
         return 0
-    ints = _width(map(itemgetter(2), regions)) + _width(map(itemgetter(3), regions)) - 2
+    ints = _widest(list(map(itemgetter(2), regions))) + _widest(list(map(itemgetter(3), regions))) - 2
     return n * (_REGION_FIXED + 2 + ints) + _text(map(itemgetter(0), regions)) \
         + _text(map(itemgetter(1), regions))
 

@@ -16,8 +16,14 @@ from hypothesis import strategies as st
 from ckptguard.core.errors import Code
 from ckptguard.core.filemap import Region
 from ckptguard.core.limits import Limits
-from ckptguard.core.report import TensorEntry, bound_names
-from ckptguard.core.reportsize import regions_bound, report_budget, tensors_bound
+from ckptguard.core.report import StorageEntry, TensorEntry, bound_names
+from ckptguard.core.reportsize import (
+    _json_chars,
+    regions_bound,
+    report_budget,
+    storages_bound,
+    tensors_bound,
+)
 from ckptguard.core.scan import scan_bytes
 from ckptguard.core.state import ScanOptions
 from tests.builders.hostile_names import (
@@ -150,6 +156,25 @@ def test_the_column_bound_is_an_upper_bound(rows: list[TensorEntry]) -> None:
     bound_names(rows, 100)   # long names (and paths) shortened as a scan does
     exact = len(json.dumps([r.to_json() for r in rows]))
     assert tensors_bound(rows, 100) + 2 >= exact
+
+
+_STORAGE = st.builds(
+    StorageEntry, key=_TEXT, dtype=_TEXT, numel=_INT, nbytes=_INT, location=_TEXT,
+    record=st.none() | _TEXT, data_offset=st.none() | _INT, offset_verified=st.booleans())
+
+
+@settings(max_examples=200, deadline=None)
+@given(rows=st.lists(_STORAGE, max_size=20))
+def test_the_storage_bound_is_an_upper_bound(rows: list[StorageEntry]) -> None:
+    exact = len(json.dumps([r.to_json() for r in rows]))
+    assert storages_bound(rows) + 2 >= exact
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=_TEXT | st.text(st.characters(min_codepoint=0, max_codepoint=0x80)))
+def test_text_is_counted_as_json_writes_it(text: str) -> None:
+    """The count without encoding (printable ASCII) equals what the encoder writes."""
+    assert _json_chars(text) == len(json.dumps(text)) - 2
 
 
 _REGION = st.builds(Region, kind=_TEXT, name=_TEXT, offset=st.integers(0, 1 << 70),
