@@ -10,8 +10,9 @@ Writes into a temp dir (deleted afterwards) and prints one table:
                views sharing a long shape or storage key, globals sharing a long module) next
                to the issue's bound (8 x pickle + 2 KiB per tensor) and the report cap;
   cold start   whole-process `ckptguard scan` of a ~250-byte pickle vs `python -c pass`, and of
-               the 10,000-tensor file vs a whole-process torch.load(weights_only, mmap)
-               (5 alternating rounds: the lowest and the median ratio);
+               the 10,000-tensor file (with every --python's ckptguard) vs a whole-process
+               torch.load(weights_only, mmap) (5 alternating rounds: the lowest and the
+               median ratio);
   10k          the 10,000-tensor scan (in-process, best of 5) on every --python given (each
                needs ckptguard installed) and whether the fast lane took it, vs torch.load;
   remote       the 100,000-tensor file over HTTP Range from tests/rangeserver.py on 127.0.0.1
@@ -176,7 +177,7 @@ def million_safetensors(tmp: Path) -> None:
     _row(f"{scan_s:.1f}", f"{size:,}", f"{dump_s:.1f}", report.verdict, f"{len(report.tensors):,}")
 
 
-def cold_start(tmp: Path, ten_k: Path) -> None:
+def cold_start(tmp: Path, ten_k: Path, pythons: list[str]) -> None:
     import pickle
 
     tiny = tmp / "tiny.pkl"
@@ -186,34 +187,43 @@ def cold_start(tmp: Path, ten_k: Path) -> None:
     # (set in some containers) makes every process compile ckptguard's sources again
     # (~0.25 s here): both are shown, caches first written by one run.
     cached = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-    subprocess.run([cli, "scan", str(tiny)], env=cached, capture_output=True, check=False)
+    clis = {py: str(Path(py).with_name("ckptguard")) for py in pythons}
+    for each in clis.values():
+        subprocess.run([each, "scan", str(tiny)], env=cached, capture_output=True, check=False)
     uncached = {**cached, "PYTHONDONTWRITEBYTECODE": "1", "PYTHONPYCACHEPREFIX": str(tmp / "pyc")}
     base = _wall([sys.executable, "-c", "pass"], env=cached)
-    scan_tiny = _wall([cli, "scan", str(tiny)], env=cached)
+    scan_tiny = {py: (_wall([py, "-c", "pass"], env=cached), _wall([each, "scan", str(tiny)], env=cached))
+                 for py, each in clis.items()}
     scan_tiny_nocache = _wall([cli, "scan", str(tiny)], env=uncached)
-    # the two processes alternate, round by round: the VM's speed drifts by tens of per cent
+    # the processes alternate, round by round: the VM's speed drifts by tens of per cent
     # within minutes, so a ratio is only fair between neighbours
-    rounds = []
+    rounds: dict[str, list[tuple[float, float, float]]] = {py: [] for py in clis}
     for _ in range(5):
-        scan_s = _wall([cli, "scan", str(ten_k)], 3, env=cached)
+        scans = {py: _wall([each, "scan", str(ten_k)], 3, env=cached) for py, each in clis.items()}
         load_s = _wall([sys.executable, "-c", f"import torch; torch.load({str(ten_k)!r}, "
                         "weights_only=True, mmap=True)"], 1, env=cached)
-        rounds.append((load_s / scan_s, scan_s, load_s))
-    rounds.sort()
-    ratio_min, scan_10k, load_10k = rounds[0]
-    ratio_median = rounds[len(rounds) // 2][0]
+        for py, scan_s in scans.items():
+            rounds[py].append((load_s / scan_s, scan_s, load_s))
     print("\n### cold start (whole process, best of 5 / 3)\n")
     _row("command", "wall s", "ratio")
     _row("---", "---", "---")
-    _row("python -c pass", f"{base:.3f}", "1.0x")
-    _row(f"ckptguard scan tiny.pkl ({tiny.stat().st_size} B)", f"{scan_tiny:.3f}",
-         f"{scan_tiny / base:.1f}x python -c pass")
-    _row("  the same, no bytecode cache (PYTHONDONTWRITEBYTECODE=1)", f"{scan_tiny_nocache:.3f}",
-         f"{scan_tiny_nocache / base:.1f}x python -c pass")
-    _row("ckptguard scan 10k.pt (the round of the lowest ratio)", f"{scan_10k:.3f}", "")
-    _row("python -c 'torch.load(10k.pt, weights_only, mmap)'", f"{load_10k:.3f}",
-         f"{ratio_min:.1f}x slower than ckptguard (lowest of 5 rounds; median "
-         f"{ratio_median:.1f}x)")
+    versions = {py: _run_json(py, "import json, sys; print(json.dumps({'v': sys.version.split()[0]}))")["v"]
+                for py in clis}
+    for py, (pass_s, tiny_s) in scan_tiny.items():
+        _row(f"python -c pass on {versions[py]}", f"{pass_s:.3f}", "1.0x")
+        _row(f"ckptguard scan tiny.pkl ({tiny.stat().st_size} B) on {versions[py]}", f"{tiny_s:.3f}",
+             f"{tiny_s / pass_s:.1f}x python -c pass")
+    _row(f"  the same on {versions[sys.executable]}, no bytecode cache (PYTHONDONTWRITEBYTECODE=1)",
+         f"{scan_tiny_nocache:.3f}", f"{scan_tiny_nocache / base:.1f}x python -c pass")
+    for py, runs in rounds.items():
+        runs.sort()
+        ratio_min, scan_10k, load_10k = runs[0]
+        version = versions[py]
+        _row(f"ckptguard scan 10k.pt on {version} (the round of the lowest ratio)",
+             f"{scan_10k:.3f}", "")
+        _row("python -c 'torch.load(10k.pt, weights_only, mmap)'", f"{load_10k:.3f}",
+             f"{ratio_min:.1f}x slower than ckptguard (lowest of 5 rounds; median "
+             f"{runs[len(runs) // 2][0]:.1f}x)")
 
 
 def ten_k(ten_k_path: Path, pythons: list[str]) -> None:
@@ -301,7 +311,7 @@ def main() -> None:
         if "report" not in skip:
             report_size()
         if "cold" not in skip:
-            cold_start(tmp, ten_k_path)
+            cold_start(tmp, ten_k_path, [sys.executable, *args.python])
         if "10k" not in skip:
             ten_k(ten_k_path, [sys.executable, *args.python])
         if "remote" not in skip:
