@@ -62,9 +62,10 @@ def _json_chars(text: str) -> int:
 
 
 def _transposed(rows: Sequence[tuple[Any, ...]]) -> tuple[tuple[Any, ...], ...]:
-    """The rows' columns. zip(*rows) holds an iterator per row at once: with the collector
-    on, 100,000 rows set off dozens of collections of the whole heap for nothing (the rows
-    are tuples of values, no cycle is made here), so it runs with the collector off."""
+    """The rows' columns. zip(*rows) holds an iterator per row at once, and with the
+    collector on those allocations set off collections that traverse the manifest for
+    nothing (about 100 M instructions per call on 40,000 rows, callgrind): the rows are
+    tuples of values and no cycle is made here, so it runs with the collector off."""
     enabled = gc.isenabled()
     gc.disable()
     try:
