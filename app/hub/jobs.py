@@ -85,7 +85,7 @@ class HubRunner:
         self.queue: JobQueue | None = None   # set by app/tier.py: where retries are queued
         # how a closed revision's notification goes out: sent from here (in-process), or
         # queued as a task of its own (app/hub/tasks.py)
-        self.announce: Callable[[str], Awaitable[object]] = self._notify
+        self.announce: Callable[[str], Awaitable[object]] = self._notify_soon
 
     async def close(self) -> None:
         for task in list(self._tasks):
@@ -97,10 +97,17 @@ class HubRunner:
         """The in-process queue's sweep: revisions to run (id, not before); finished
         revisions whose notification was never sent get it now."""
         for job_id in await asyncio.to_thread(self.db.unnotified):
-            task = asyncio.create_task(self._notify(job_id))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            await self._notify_soon(job_id)
         return await asyncio.to_thread(self.db.runnable)
+
+    async def _notify_soon(self, job_id: str) -> None:
+        """Send the notification in a task of its own (cancelled only by `close`), not in the
+        run that closed the revision: that run's lease heartbeat finds the job no longer
+        running and cancels the run, and a send cut off half-way would hold the
+        notification for its claim's whole term (notify_retries + 1 attempts' time)."""
+        task = asyncio.create_task(self._notify(job_id))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     def _backoff(self, attempts: int) -> float:
         return float(self.settings.hub_retry_backoff_seconds * 2 ** max(0, attempts - 1))

@@ -233,9 +233,10 @@ def test_restart_resumes_unfinished_work(make_client: MakeClient, hub: FakeHub,
 
 
 class Receiver:
-    """An HTTP endpoint for notifications: fails the first `fail` POSTs with 500."""
+    """An HTTP endpoint for notifications: fails the first `fail` POSTs with 500; answers
+    each `delay` seconds after it has read it."""
 
-    def __init__(self, fail: int) -> None:
+    def __init__(self, fail: int, delay: float = 0.0) -> None:
         self.fail = fail
         self.bodies: list[tuple[bytes, dict[str, str]]] = []
         receiver = self
@@ -248,6 +249,7 @@ class Receiver:
                 body = self.rfile.read(int(self.headers["Content-Length"]))
                 receiver.bodies.append((body, dict(self.headers)))
                 status = 500 if len(receiver.bodies) <= receiver.fail else 204
+                time.sleep(delay)
                 self.send_response(status)
                 self.send_header("Content-Length", "0")
                 self.end_headers()
@@ -279,6 +281,23 @@ def test_signed_notification_with_retry(make_client: MakeClient, receiver: Recei
     sent = json.loads(body)
     assert sent["revision"] == REV_A and sent["verdict"] == "unsafe" and sent["state"] == "done"
     assert len(sent["files"]) == len(EXPECTED_A)
+
+
+def test_a_slow_notification_is_not_cut_off_with_the_run(make_client: MakeClient) -> None:
+    """The revision's notification outlives the run that closed it: a send slower than the
+    lease heartbeat was cancelled with that run (renewing a finished job fails), and the
+    notification then waited out its claim, (retries + 1) x the attempt's limit, before the
+    sweep sent it again."""
+    slow = Receiver(fail=0, delay=2.5)
+    try:
+        client = make_client(notify_url=slow.url, hub_lease_seconds=3.0)   # a heartbeat a second
+        deliver(client, payload(REV_A))
+        wait_done(client, REV_A)
+        doc = wait_notified(client, REV_A)
+        assert doc["notification"] == "sent"
+        assert len(slow.bodies) == 1   # sent once, not cut off and sent again
+    finally:
+        slow.httpd.shutdown()
 
 
 def wait_notified(client: TestClient, sha: str) -> dict[str, Any]:
