@@ -17,7 +17,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
-from operator import attrgetter
+from itertools import islice
+from operator import add, attrgetter, eq, ge
 from typing import Any, Literal, NamedTuple
 
 from ckptguard.core.errors import Code
@@ -167,17 +168,22 @@ def _zip_regions(spans: ZipSpans, storage_records: set[str], flagged: set[str | 
     add_region(out, "prepended", "bytes before the first record", 0, first)
     # anomalies between records: one pass, the same walk core.zip.checks makes
     cursor = payload_max = first
-    for name, start, data, size, end in zip(spans.names, spans.header, spans.data, spans.size,
-                                            spans.end, strict=True):
-        if start < payload_max:
-            add_region(out, "overlap", name, start, min(payload_max, end) - start)
-        elif start > cursor:
-            add_region(out, "unreferenced_data", f"{start - cursor} bytes before {name}",
-                       cursor, start - cursor)
-        if data + size > payload_max:   # comparisons, not max(): this runs once per record
-            payload_max = data + size
-        if end > cursor:
-            cursor = end
+    tiled = _tiled(spans)
+    if tiled:   # no anomaly between records: the walk's end state, in C passes
+        cursor = max(first, spans.end[-1])
+        payload_max = max(first, max(map(add, spans.data, spans.size)))
+    else:
+        for name, start, data, size, end in zip(spans.names, spans.header, spans.data, spans.size,
+                                                spans.end, strict=True):
+            if start < payload_max:
+                add_region(out, "overlap", name, start, min(payload_max, end) - start)
+            elif start > cursor:
+                add_region(out, "unreferenced_data", f"{start - cursor} bytes before {name}",
+                           cursor, start - cursor)
+            if data + size > payload_max:   # comparisons, not max(): this runs once per record
+                payload_max = data + size
+            if end > cursor:
+                cursor = end
     if payload_max > spans.cd_offset:
         add_region(out, "overlap", "records reaching into the central directory", spans.cd_offset,
                    payload_max - spans.cd_offset)
@@ -208,17 +214,34 @@ def _zip_regions(spans: ZipSpans, storage_records: set[str], flagged: set[str | 
                           data, size))
         if end > data + size:
             append(Region("data_descriptor", name, data + size, end - data - size))
-    runs = _merged_runs(spans, listed)
+    runs = _merged_runs(spans, listed, tiled)
     room_left = max(0, room - len(out))
     omitted += max(0, len(runs) - room_left)
     out.extend(runs[:room_left])
     return out, omitted
 
 
-def _merged_runs(spans: ZipSpans, first: int) -> list[Region]:
-    """Records from index `first` on, one region per run of records that touch."""
+def _tiled(spans: ZipSpans) -> bool:
+    """Whether each record starts where the one before it ends (`header[i + 1] == end[i]`)
+    and holds its own payload (`end >= header`, `end >= data + size`): what every
+    torch.save archive is. The
+    walk over the records then finds no overlap and no gap (a few C passes instead of a
+    Python statement per record; tests/core/test_regions.py checks it draws what the walk
+    draws)."""
+    header, end = spans.header, spans.end
+    return (bool(header) and all(map(eq, islice(header, 1, None), end))
+            and all(map(ge, end, header))
+            and all(map(ge, end, map(add, spans.data, spans.size))))
+
+
+def _merged_runs(spans: ZipSpans, first: int, tiled: bool) -> list[Region]:
+    """Records from index `first` on, one region per run of records that touch (all of them,
+    if `tiled`)."""
     runs: list[Region] = []
     i, n = first, len(spans.header)
+    if i < n and tiled:
+        start, end = spans.header[i], spans.end[-1]
+        return [Region("records", f"{n - i} records", start, end - start)]
     while i < n:
         start, end, count = spans.header[i], spans.end[i], 1
         i += 1

@@ -13,9 +13,14 @@ import json
 import struct
 import zipfile
 from typing import Any
+from unittest import mock
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from ckptguard.core import filemap
+from ckptguard.core.filemap import ZipSpans
 from ckptguard.core.io.source import BytesSource
 from ckptguard.core.limits import Limits
 from ckptguard.core.report import Report
@@ -169,3 +174,40 @@ def test_findings_without_bytes_have_no_length() -> None:
     assert report["verdict"] == "unsafe"
     assert all(f["length"] is None for f in report["findings"])
     assert dataclasses.fields(Report)   # the report class keeps its dataclass form
+
+
+@st.composite
+def _spans(draw: st.DrawFn) -> ZipSpans:
+    """An archive's spans: mostly records that touch end to end (torch's layout, where
+    `_zip_regions` takes its shortcut), sometimes with a gap, an overlap or a payload past
+    its record's end."""
+    n = draw(st.integers(1, 12))
+    pos = draw(st.integers(0, 3))
+    names, header, data, size, end = [], [], [], [], []
+    for i in range(n):
+        pos += draw(st.sampled_from([0, 0, 0, 0, 1, -2]))   # a gap or an overlap, sometimes
+        pos = max(pos, 0)
+        local = draw(st.integers(0, 40))
+        payload = draw(st.integers(0, 50))
+        descriptor = draw(st.sampled_from([0, 16]))
+        names.append(f"a/{i}")
+        header.append(pos)
+        data.append(pos + local)
+        size.append(payload + draw(st.sampled_from([0, 0, 0, 5])))   # past its end, sometimes
+        end.append(pos + local + payload + descriptor)
+        pos = end[-1]
+    cd = max(pos, max(map(sum, zip(data, size, strict=True)))) + draw(st.integers(0, 3))
+    return ZipSpans(names=names, header=header, data=data, size=size, end=end, cd_offset=cd,
+                    cd_end=cd + 10, tail_start=cd + 10, archive_end=cd + 32, file_size=cd + 40,
+                    prefix="a")
+
+
+@settings(max_examples=300, deadline=None)
+@given(spans=_spans(), room=st.integers(0, 40))
+def test_the_shortcut_for_touching_records_draws_what_the_walk_draws(
+        spans: ZipSpans, room: int) -> None:
+    """`_tiled` is a shortcut, never a rule: the map is the same with it switched off."""
+    fast = filemap._zip_regions(spans, {"a/0"}, set(), room)
+    with mock.patch.object(filemap, "_tiled", return_value=False):
+        walked = filemap._zip_regions(spans, {"a/0"}, set(), room)
+    assert fast == walked
