@@ -76,20 +76,20 @@ _ONE_OPCODE = (
 # its key (`_rebuild_tensor_v2(pid, offset, size, stride, requires_grad, OrderedDict())`),
 # as ONE regex branch. Every piece is one of the opcodes above, so a match consumes exactly
 # what the opcode-by-opcode branch would; it only saves the engine ~30 iterations per
-# tensor (halves the walk: bench/scan_stages.py). The key itself (and its PUT) is walked by
-# the one-opcode branch: a second copy of the 128 string branches here would cost ~8 ms of
-# every process's compile (22 -> 14 ms) for no measurable gain in the walk.
+# tensor (halves the walk: bench/scan_stages.py). It starts with the key's PUT; the key
+# itself is walked by the one-opcode branch: a second copy of the 128 string branches here
+# would cost ~8 ms of every process's compile (22 -> 14 ms) for no measurable gain.
 # An optional PUT is a branch whose last alternative is empty: the same greedy choice as
 # `(?:...)?`, which compiles to REPEAT/MAX_UNTIL (two more stack frames and an allocation at
-# every use). With `_any`, the walk of a 40,000-tensor pickle takes 254 M instructions, not
-# 369 M (callgrind), for 2 M more in compiling it.
+# every use). With `_any` and the key's PUT, the walk of a 40,000-tensor pickle takes 223 M
+# instructions, not 369 M (callgrind), for 2 M more in compiling it.
 _OPT_PUT = rb"(?:q" + _any(1) + rb"|r" + _any(2) + rb"[\x00-\x0f]\x00|)"
 _GET = rb"(?:h" + _any(1) + rb"|j" + _any(4) + rb")"
 _INT = rb"(?:K" + _any(1) + rb"|M" + _any(2) + rb"|J" + _any(4) + rb")"
 _TUPLE = (rb"(?:" + _INT + rb"\x85" + _OPT_PUT + rb"|" + _INT + _INT + rb"\x86" + _OPT_PUT + rb"|"
           + _INT * 3 + rb"\x87" + _OPT_PUT + rb"|\x29|\x28" + _INT + rb"{0,64}t" + _OPT_PUT + rb")")
 _STORAGE_KEY = rb"X(?:" + _short_unicode(16) + rb")"
-_TENSOR_ENTRY = (_GET + rb"\x28\x28" + _GET + _GET + _STORAGE_KEY + _OPT_PUT
+_TENSOR_ENTRY = (_OPT_PUT + _GET + rb"\x28\x28" + _GET + _GET + _STORAGE_KEY + _OPT_PUT
                  + _GET + _INT + rb"t" + _OPT_PUT + rb"Q" + _INT + _TUPLE + _TUPLE
                  + rb"[\x88\x89]" + _GET + rb"\x29R" + _OPT_PUT + rb"t" + _OPT_PUT + rb"R" + _OPT_PUT)
 # The run is a plain greedy repeat with nothing after it, not a possessive `*+` or an atomic
