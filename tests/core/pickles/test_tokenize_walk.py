@@ -6,9 +6,12 @@ the same opcodes, the same GLOBALs at the same positions, only opcodes torch acc
 
 from __future__ import annotations
 
+import functools
+import io
 import pickle
 import pickletools
 import re
+import zipfile
 from re import _constants as sre_constants
 from re import _parser as sre_parser
 from typing import Any
@@ -146,3 +149,49 @@ def test_the_walk_is_the_same_on_every_python() -> None:
     toks = pickletoken.tokenize(data, lambda name: True)
     assert toks.end == len(data)
     assert [(g[0], g[1]) for g in toks.globals] == [("re", "compile")]
+
+
+@functools.cache
+def _torch_pickles() -> tuple[bytes, ...]:
+    """data.pkl of real torch.save files: the shapes the walk's tensor-entry branch is built
+    for (1-byte and 4-byte memo indexes, 0 to 4 dims, views, parameters, shared storages)."""
+    import torch
+
+    many = {f"layer.{i}.weight": torch.zeros(2, 3) for i in range(300)}   # memo past 255
+    base = torch.arange(24.0)
+    shapes = {"scalar": torch.tensor(1.5), "vector": torch.ones(5), "cube": torch.ones(2, 2, 2),
+              "four": torch.ones(1, 2, 1, 2, dtype=torch.float16),
+              "view": base[3:9], "strided": base.view(4, 6)[:, ::2], "again": base,
+              "param": torch.nn.Parameter(torch.ones(3)), "wide": torch.zeros(3, 300),
+              "big": torch.zeros(70_000, 2)}
+    out = []
+    for value in (many, shapes, torch.nn.Linear(3, 2).state_dict()):
+        buffer = io.BytesIO()
+        torch.save(value, buffer)
+        with zipfile.ZipFile(buffer) as archive:
+            out.append(archive.read(next(n for n in archive.namelist() if n.endswith("/data.pkl"))))
+    return tuple(out)
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(which=st.integers(0, 2), at=st.integers(0, 1 << 20), flip=st.integers(0, 255),
+       cut=st.integers(0, 1 << 20), cut_it=st.booleans())
+def test_torch_pickles_corrupted_anywhere_are_walked_as_pickletools_walks_them(
+        which: int, at: int, flip: int, cut: int, cut_it: bool) -> None:
+    """The tensor-entry branch matches most of a torch pickle: a byte changed anywhere in an
+    entry (or the pickle cut inside one) must send the walk back to the one-opcode branch at
+    the right place, never past an opcode boundary."""
+    data = bytearray(_torch_pickles()[which])
+    data[at % len(data)] ^= flip
+    if cut_it:
+        data = data[:max(1, cut % len(data))]
+    blob = bytes(data)
+    try:
+        toks = pickletoken.tokenize(blob, lambda name: True)
+    except Decline:
+        assert flip or cut_it, "an intact torch pickle is walked to its end"
+        return
+    ref = _reference(blob, False)
+    assert ref is not None, blob
+    assert toks.end == ref[0]
+    assert [g[4] for g in toks.globals] == ref[1]
