@@ -29,7 +29,9 @@ def zip_spans_of(directory: ZipDirectory, locals_: Mapping[int, LocalHeader]) ->
     (or the directory) begins, as torch's writer lays them out, when that is at or past the
     lower bound header + 30 + name length; else at the lower bound. No gap can be seen
     without the header (core.zip.checks reports none either), and the column lane, which
-    proves the tiling, draws the same map."""
+    proves the tiling, draws the same map. A data descriptor ends where the next record
+    begins if that is inside it (a descriptor without its signature), so the regions of
+    such an archive still tile the file."""
     rows: list[_Row] = []
     for e in directory.entries:
         local = locals_.get(e.index)
@@ -38,9 +40,13 @@ def zip_spans_of(directory: ZipDirectory, locals_: Mapping[int, LocalHeader]) ->
         rows.append(_Row(e.header_offset, data, e.compressed_size, desc, e.name, local is not None))
     rows.sort(key=lambda r: (r.header, r.data))
     for i, row in enumerate(rows):
+        following = rows[i + 1].header if i + 1 < len(rows) else directory.cd_offset
         if not row.known:
-            following = rows[i + 1].header if i + 1 < len(rows) else directory.cd_offset
             row.data = max(row.data, following - row.desc - row.size)
+        elif row.data + row.size <= following < row.data + row.size + row.desc:
+            # a descriptor written without its PK\x07\x08 signature (12 bytes, which
+            # core.zip.checks tolerates): the bytes past it are the next record's header
+            row.desc = following - row.data - row.size
     tail = directory.zip64_eocd_offset if directory.zip64_eocd_offset is not None \
         else directory.eocd_offset
     return ZipSpans(names=[r.name for r in rows], header=[r.header for r in rows],

@@ -21,9 +21,10 @@ META = (("version", b"3\n"), (".format_version", b"1"), (".storage_alignment", b
 
 def torch_layout(prefix: str, data_pkl: bytes, storages: Sequence[tuple[str, bytes]] = (),
                  *, alignment: int = 64, meta: Sequence[tuple[str, bytes]] = META,
-                 bare: frozenset[str] = frozenset()) -> bytes:
+                 bare: frozenset[str] = frozenset(), descriptor_signature: bool = True) -> bytes:
     """`bare`: records written with no extra field (as zipfile writes them); the serialization
-    id comes last unless `meta` places it."""
+    id comes last unless `meta` places it. `descriptor_signature=False`: 12-byte data
+    descriptors without their PK\\x07\\x08 signature (another writer's, which APPNOTE allows)."""
     records = [("data.pkl", data_pkl), *((f"data/{k}", b) for k, b in storages), *meta]
     if ".data/serialization_id" not in dict(meta):
         records.append((".data/serialization_id", b"0" * 40))
@@ -43,7 +44,8 @@ def torch_layout(prefix: str, data_pkl: bytes, storages: Sequence[tuple[str, byt
                            local_size, local_size, len(name), len(extra)) + name + extra
         out += payload
         if not empty:
-            out += struct.pack("<IIII", 0x08074B50, crc, len(payload), len(payload))
+            signature = struct.pack("<I", 0x08074B50) if descriptor_signature else b""
+            out += signature + struct.pack("<III", crc, len(payload), len(payload))
         central += struct.pack("<IHHHHHHIIIHHHHHII", 0x02014B50, 0x031E, 20, flags, 0, 0, 0,
                                crc, len(payload), len(payload), len(name), 0, 0, 0, 0, 0,
                                offset) + name

@@ -140,6 +140,20 @@ def test_gap_between_records_is_unreferenced_data() -> None:
     assert finding["length"] == len(gap)
 
 
+def test_descriptors_without_their_signature_end_where_the_next_record_begins() -> None:
+    """12-byte data descriptors (no PK\\x07\\x08, which core.zip.checks tolerates): each
+    descriptor region ends at the next local header, so the map still tiles the file."""
+    items = [(f"w{i}", v2(str(i))) for i in range(3)]
+    data = torch_layout("archive", state_dict(*items),
+                        [(str(i), struct.pack("<2f", i, -i)) for i in range(3)],
+                        descriptor_signature=False)
+    report = assert_agree(data, label="descriptors without signature")
+    assert not [f for f in report["findings"] if f["code"].startswith("ZIP_")]
+    _assert_tiles(report["regions"], len(data))
+    descriptors = [r for r in report["regions"] if r["kind"] == "data_descriptor"]
+    assert descriptors and {r["length"] for r in descriptors} == {12}
+
+
 def test_pickle_file_with_trailing_bytes() -> None:
     body = asm(("PROTO", 2), ("BININT", 7), "STOP")
     data = body + b"trailing!"
