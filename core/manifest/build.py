@@ -39,7 +39,8 @@ storage), storage. A wrapper kind (parameter, subclass) replaces only `tensor`.
 Offsets: `data_offset` = storage data_offset + storage_offset x itemsize (plus the byte
 offset of a legacy storage view); `nbytes` = itemsize x (1 + sum((size_i - 1) x stride_i)),
 0 when numel is 0 (FORMATS.md §2.6). The first pid of a key defines the storage, as in
-torch's `persistent_load` cache; a later pid that disagrees is a finding. A key the
+torch's `persistent_load` cache; a later pid that disagrees is a finding, unless the
+storage is empty: torch caches none of those, and loads each pid's anew. A key the
 locator cannot place gets `data_offset` None: the container layer, which knows its
 records, reports TORCH_MISSING_RECORD. `_rebuild_device_tensor_from_cpu_tensor` is listed
 as its cpu tensor (dtype, view and bytes as stored), with the wrapper's requires_grad and,
@@ -621,6 +622,10 @@ class _Builder:
         st = self.storages.get(key)
         if st is None:
             st = self.new_storage(pid, stype, key, location, numel, persid)
+        elif (st[3] != stype or st[0].numel != numel) and st[0].nbytes == 0:
+            # torch caches a storage only if it has a data pointer (load_tensor's
+            # `_data_ptr() != 0`): an empty one is loaded again, as this pid declares it
+            st = self.new_storage(pid, stype, key, location, numel, persid, listed=False)
         elif st[3] != stype or st[0].numel != numel:
             self.bad(f"storage {key} declared again as {brief(stype)} x {brief(numel)}; torch keeps "
                      f"the first ({st[0].dtype} x {st[0].numel})", node)
@@ -636,7 +641,9 @@ class _Builder:
         return st, 0, st[2]
 
     def new_storage(self, pid: tuple[Any, ...], stype: Any, key: str, location: Any, numel: Any,
-                    persid: PersId) -> _Storage:
+                    persid: PersId, *, listed: bool = True) -> _Storage:
+        """The storage a pid declares; `listed`: the key's storage (the report's row), not a
+        later declaration torch loads again (an empty storage's, see `storage`)."""
         kind = self.stypes.get((stype.module, stype.name)) if type(stype) is Global else None
         if kind is None:
             kind = self.storage_kind(stype)
@@ -663,8 +670,9 @@ class _Builder:
             entry = StorageEntry(key, dtype, numel, nbytes, location, site.record, site.data_offset,
                                  site.verified)
             st = (entry, itemsize, limit, stype)
-        self.storages[key] = st
-        self.an.storages.append(entry)
+        if listed:
+            self.storages[key] = st
+            self.an.storages.append(entry)
         return st
 
     def storage_kind(self, stype: Any) -> tuple[str, int]:
