@@ -487,6 +487,9 @@ def _walk(loaded: Loaded, views: _Views, storages: _Storages, record: str,
     if grads is None:
         grads = views.grads if rows is None else list(map(views.grads.__getitem__, rows))
     dtypes, sizes, strides, offsets, keys = columns
+    # core.manifest.build's cap: the path, shape and stride items of every entry
+    if sum(map(len, paths)) + 2 * sum(map(len, sizes)) > limits.max_manifest_dims:
+        raise Decline("manifest items past the cap")
     return list(map(_NEW_TENSOR, zip(
         names, paths, dtypes, map(list, sizes), map(list, strides), offsets, keys, kind, grads,
         data_offset, nbytes, repeat(record), repeat(()))))

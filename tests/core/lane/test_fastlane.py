@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from ckptguard.core.errors import Decline
 from ckptguard.core.io.source import BytesSource, FileSource
 from ckptguard.core.lane import torch_zip as fastlane
+from ckptguard.core.limits import Limits
 from ckptguard.core.pickle.fast import tokenize as pickletoken
 from ckptguard.core.pickle.fast.column_stubs import RebuildCall
 from ckptguard.core.scan import scan_path, scan_source
@@ -236,6 +237,22 @@ def test_lane_takes_torch_saves_of_every_batch_count(
     assert lane_takes(path.read_bytes())
     fast, slow = both_paths(path)
     assert fast == slow and len(fast["tensors"]) == n
+
+
+@pytest.mark.parametrize("case", ["nested", "module-state-dict", "tied-views"])
+@pytest.mark.parametrize("spare", [-1, 0])
+def test_the_lane_keeps_the_cap_on_manifest_items(case: str, spare: int) -> None:
+    """Limits.max_manifest_dims counts the path, shape and stride items of every tensor
+    entry (core.manifest.build): past it the report is the general path's capped one."""
+    data = {"nested": _nested, "module-state-dict": _module_state_dict,
+            "tied-views": _tied_views}[case]()
+    rows = scan_source(BytesSource(data), options=ScanOptions(engine="general")).tensors
+    cap = sum(len(t.path) + len(t.shape) + len(t.stride) for t in rows) + spare
+    limits = Limits(max_manifest_dims=cap)
+    report = assert_agree(data, label=f"{case} cap {cap}", limits=limits)
+    assert fastlane.try_torch_zip(BytesSource(data), Analysis(ScanOptions(limits=limits))) \
+        is (spare >= 0)
+    assert (report["verdict"] == "safe") is (spare >= 0)
 
 
 @pytest.mark.parametrize("case", sorted(_declined()))
