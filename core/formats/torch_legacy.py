@@ -264,6 +264,7 @@ class _Stream:
                 product = count * block.itemsize
                 wrapped = product % (1 << 64)     # torch compares (and prints) size_t values
                 data_offset = offset + 8
+                add_region(self.an.map_regions, "header", f"storage {key} element count", offset, 8)
                 ok = wrapped == block.nbytes
                 nbytes = block.nbytes if ok else product
                 if not ok:
@@ -287,6 +288,10 @@ class _Stream:
                     return sites
                 if str(key) in sites:
                     overwritten.append(str(key))
+                    hidden = sites[str(key)]   # torch reads the later block: these bytes hide
+                    add_region(self.an.map_regions, "unreferenced_record",
+                               f"storage {key} (an overwritten block)", hidden.data_offset,
+                               hidden.record_nbytes or 0)
                 sites[str(key)] = StorageSite(None, data_offset, nbytes, ok)
                 offset = data_offset + nbytes
                 i += 1

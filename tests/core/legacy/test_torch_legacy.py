@@ -18,6 +18,7 @@ from ckptguard.core.io.source import BytesSource
 from ckptguard.core.scan import scan_path, scan_source
 from tests.builders.pickle_asm import asm
 from tests.core.legacy.conftest import assert_same_outcome, legacy_bytes, stream
+from tests.core.test_regions import _assert_tiles
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
@@ -150,18 +151,43 @@ def test_hostile_side_pickles_are_scanned(slot: str, write: Any) -> None:
     assert_same_outcome(report, path)
 
 
-def test_duplicate_key_hides_a_block(write: Any) -> None:
+def _duplicate_key_stream() -> bytes:
+    """A tensor of storage "1" whose key list names "1" twice: two blocks, ab then cd."""
     main = asm(("PROTO", 2), ("GLOBAL", "torch._utils", "_rebuild_tensor_v2"), "MARK", "MARK",
                ("BINUNICODE", "storage"), ("GLOBAL", "torch", "ByteStorage"), ("BINUNICODE", "1"),
                ("BINUNICODE", "cpu"), ("BININT1", 2), "NONE", "TUPLE", "BINPERSID", ("BININT1", 0),
                ("BININT1", 2), "TUPLE1", ("BININT1", 1), "TUPLE1", "NEWFALSE",
                ("GLOBAL", "collections", "OrderedDict"), "EMPTY_TUPLE", "REDUCE", "TUPLE", "REDUCE",
                "STOP")
-    path = write(stream(main, ["1", "1"], [(2, b"ab"), (2, b"cd")]))
+    return stream(main, ["1", "1"], [(2, b"ab"), (2, b"cd")])
+
+
+def test_duplicate_key_hides_a_block(write: Any) -> None:
+    path = write(_duplicate_key_stream())
     report = scan_path(path)
     assert Code.TORCH_UNREFERENCED_RECORD in codes(report)
     assert report.tensors[0].data_offset == path.stat().st_size - 2
     assert_same_outcome(report, path)
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("case", ["views", "dtypes", "state_dict", "empty", "nested"])
+def test_regions_tile_a_legacy_stream(case: str) -> None:
+    """The map of a torch.save stream: the five pickles, and per storage its element
+    count and its bytes, from byte 0 to the last."""
+    data = legacy_bytes(_objects()[case])
+    report = scan_source(BytesSource(data, name="case")).to_json()
+    _assert_tiles(report["regions"], len(data))
+    counts = [r for r in report["regions"] if r["kind"] == "header"]
+    assert len(counts) == len(report["storages"]) and {r["length"] for r in counts} == {8}
+
+
+def test_an_overwritten_block_is_a_region() -> None:
+    data = _duplicate_key_stream()
+    report = scan_source(BytesSource(data, name="case")).to_json()
+    _assert_tiles(report["regions"], len(data))
+    hidden = [r for r in report["regions"] if r["kind"] == "unreferenced_record"]
+    assert [data[r["offset"]:r["offset"] + r["length"]] for r in hidden] == [b"ab"]
 
 
 @pytest.mark.torch
