@@ -151,6 +151,7 @@ class _Stream:
         an = self.an
         window = PickleWindow(self.source, an.options.limits.max_pickle_bytes, first=_FIRST_WINDOW)
         pos = 0
+        end: int | None = 0
         scans: list[PickleScan] = []
         for what in _PICKLES:
             if pos >= self.source.size:
@@ -168,6 +169,7 @@ class _Stream:
                 an.add(Code.TORCH_BAD_LEGACY_STREAM, f"the {what} pickle does not end", offset=pos)
                 break
             pos = end
+        mapped = pos if end is not None else self.source.size   # the pickles' regions' end
         if len(scans) > 3:   # the manifest even when the key list or the blocks are broken
             # here, not at import: torch.load's answer on a plain pickle needs this module,
             # not the manifest builder (tests/core/scan/test_cold_start.py)
@@ -184,9 +186,23 @@ class _Stream:
             build_manifest(main.root, SiteTable(sites), an, persids=main.vm.persids,
                            built=main.weights_only.built)
             for site_key, site in sites.items():
+                nbytes = site.record_nbytes or 0
                 add_region(an.map_regions, "tensor_data", f"storage {site_key}", site.data_offset,
-                           site.record_nbytes or 0)
+                           nbytes)
+                if site.data_offset is not None:
+                    mapped = max(mapped, site.data_offset + nbytes)
+        self.map_rest(mapped)
         self.finish([c for scan in scans for c in scan.vm.calls])
+
+    def map_rest(self, end: int) -> None:
+        """Bytes after what was mapped that no trailing-data finding maps either (blocks of a
+        key list that could not be read, a count cut short): one region, so the map still
+        covers the file."""
+        an, size = self.an, self.source.size
+        if end < size and not any(f.code is Code.PICKLE_TRAILING_DATA and f.offset == end
+                                  for f in an.findings):
+            add_region(an.map_regions, "unreferenced_data", "bytes not read as storage blocks",
+                       end, size - end)
 
     def check(self, what: str, scan: PickleScan) -> None:
         """torch's checks on each pickle's value (serialization.py `_legacy_load`)."""

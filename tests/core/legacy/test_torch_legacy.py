@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import itertools
+import pickle
 import struct
 from pathlib import Path
 from typing import Any
@@ -188,6 +189,26 @@ def test_an_overwritten_block_is_a_region() -> None:
     _assert_tiles(report["regions"], len(data))
     hidden = [r for r in report["regions"] if r["kind"] == "unreferenced_record"]
     assert [data[r["offset"]:r["offset"] + r["length"]] for r in hidden] == [b"ab"]
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("damage", ["count-cut-short", "key-list-not-a-list"])
+def test_bytes_the_blocks_cannot_be_read_from_are_a_region(damage: str) -> None:
+    """A stream whose blocks cannot be placed (its key list is no list, or it ends inside
+    an element count): the bytes after the pickles are still one region of the map."""
+    import torch
+
+    data = legacy_bytes({"a": torch.ones(2)})   # ... key list, i64 count, 8 bytes of data
+    if damage == "count-cut-short":
+        data = data[:-13]
+    else:
+        [key] = [s.key for s in scan_source(BytesSource(data, name="case")).storages]
+        keys_at = data.rindex(pickle.dumps([key], protocol=2))
+        data = data[:keys_at] + pickle.dumps(7, protocol=2) + data[-16:]
+    report = scan_source(BytesSource(data, name="case")).to_json()
+    assert report["weights_only"]["loadable"] is False
+    _assert_tiles(report["regions"], len(data))
+    assert report["regions"][-1]["kind"] == "unreferenced_data"
 
 
 @pytest.mark.torch
