@@ -299,11 +299,13 @@ def _analyze_polyglot_zip(source: ByteSource, an: Analysis) -> None:
 
 def _analyze_zip(source: ByteSource, an: Analysis, kind: Sniffed) -> None:
     from ckptguard.core.lane.torch_zip import try_torch_zip
-    from ckptguard.core.zip.directory import read_directory
 
     # a clean torch.save archive, proven in columns
     if an.options.engine == "auto" and try_torch_zip(source, an):
         return
+    # the general path: its parser
+    from ckptguard.core.zip.directory import read_directory
+
     try:
         directory = read_directory(source, an.options.limits)
     except CkptError as exc:

@@ -39,7 +39,7 @@ from typing import TypeVar
 from ckptguard.core.errors import CkptError, Decline
 from ckptguard.core.io.source import COALESCE_MAX, ByteSource
 from ckptguard.core.limits import Limits
-from ckptguard.core.zip.directory import _read_tail, find_eocd
+from ckptguard.core.zip.endrecord import find_eocd, read_tail
 from ckptguard.core.zip.layout import (
     CENTRAL_SIG,
     CENTRAL_SIZE,
@@ -144,7 +144,7 @@ def _end_records(source: ByteSource, limits: Limits) -> tuple[int, int, int]:
     size = source.size
     if size < EOCD_SIZE:
         raise Decline("too short")
-    tail, tail_start = _read_tail(source)
+    tail, tail_start = read_tail(source)
     try:
         eocd = find_eocd(tail, tail_start)
     except CkptError as exc:

@@ -37,11 +37,11 @@ from dataclasses import dataclass, field
 from ckptguard.core.errors import CkptError, Code, FormatError, LimitExceeded
 from ckptguard.core.io.source import ByteSource
 from ckptguard.core.limits import DEFAULT_LIMITS, Limits
+from ckptguard.core.zip.endrecord import find_eocd, read_tail
 from ckptguard.core.zip.layout import (
     CENTRAL_SIG,
     CENTRAL_SIZE,
     CENTRAL_STRUCT,
-    EOCD_SIG,
     EOCD_SIZE,
     EOCD_STRUCT,
     EXTRA_HEAD_STRUCT,
@@ -169,46 +169,10 @@ def _fmt_err(code: Code, msg: str, offset: int | None = None) -> FormatError:
     return FormatError(code, msg, offset=offset)
 
 
-MINIZ_BLOCK = 4096   # mz_zip_reader_locate_header_sig reads the tail in 4 KiB blocks ...
-MINIZ_STEP = 4093    # ... stepping back 4096 - 3 so a signature across blocks is seen
-
-
-def eocd_search_start(size: int) -> int:
-    """First byte miniz's backward EOCD scan ever looks at in a `size`-byte file.
-
-    miniz scans blocks at size-4096-4093k and gives up once it has gone back 64 KiB + 22.
-    When the next block would start before byte 0, `cur_file_ofs - (sizeof(buf) - 3)`
-    wraps (int64 minus size_t) and the read fails: the scan never reaches the file start.
-    Verified with torch 2.13: an archive followed by 65 535 zero bytes is refused, one
-    followed by 69 000 is read (tests/core/zip/test_zip_torch.py).
-    """
-    cur = max(size - MINIZ_BLOCK, 0)
-    while cur != 0 and size - cur < U16_MAX + EOCD_SIZE and cur - MINIZ_STEP >= 0:
-        cur -= MINIZ_STEP
-    return cur
-
-
 LOCATOR_PAST_END = "zip64 locator points past the end"   # miniz: "not a ZIP archive"
 ZIP64_TOO_MANY = "zip64 entry count past 2**32 - 1"       # miniz: "too many files"
 ZIP64_CD_TOO_BIG = "zip64 central directory size past 2**32 - 1"   # miniz: "unsupported
 # central directory size"
-
-
-def find_eocd(tail: bytes, tail_offset: int) -> int:
-    """Absolute offset of the EOCD miniz picks: the last signature whose 22 bytes fit.
-
-    `tail` holds the file from `tail_offset` (= eocd_search_start) to its end.
-    """
-    pos = tail.rfind(EOCD_SIG, 0, len(tail) - EOCD_SIZE + 4)
-    if pos >= 0:
-        return tail_offset + pos
-    raise _fmt_err(Code.ZIP_NO_EOCD, "no end-of-central-directory record where miniz looks "
-                   "(the last ~64 KiB)", tail_offset)
-
-
-def _read_tail(source: ByteSource) -> tuple[bytes, int]:
-    start = eocd_search_start(source.size)
-    return source.read_at(start, source.size - start), start
 
 
 def _bytes_at(source: ByteSource, tail: bytes, tail_start: int, offset: int, nbytes: int) -> bytes:
@@ -231,7 +195,7 @@ def read_directory(source: ByteSource, limits: Limits = DEFAULT_LIMITS) -> ZipDi
     size = source.size
     if size < EOCD_SIZE:
         raise _fmt_err(Code.ZIP_NO_EOCD, f"{size}-byte input is too short for a zip", 0)
-    tail, tail_start = _read_tail(source)
+    tail, tail_start = read_tail(source)
     eocd_offset = find_eocd(tail, tail_start)
     (_, disk, cd_disk, n_disk, n_total, cd_size, cd_offset,
      comment_len) = EOCD_STRUCT.unpack_from(tail, eocd_offset - tail_start)

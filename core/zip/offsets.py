@@ -12,11 +12,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ckptguard.core.errors import Code, FormatError
 from ckptguard.core.state import Analysis
-from ckptguard.core.zip.directory import LocalHeader, ZipDirectory
 from ckptguard.core.zip.layout import LOCAL_SIZE, U32_MAX
+
+if TYPE_CHECKING:   # the fast lane's reader uses this module without the directory parser
+    from ckptguard.core.zip.directory import LocalHeader, ZipDirectory
 
 FB_HEADER_SIZE = 4            # "FB" id + u16 length, always present (FORMATS.md §1.2)
 ZIP64_HEADER_SIZE = 4         # id 0x0001 + u16 length
@@ -64,6 +67,7 @@ def written_by_torch(local: LocalHeader, size: int, alignment: int) -> bool:
     record ([zip64] + FB padding to the alignment)? Only then does the chain describe the
     archive: another writer (zipfile, Info-ZIP, 7-Zip) writes other extras and no padding.
 
+    >>> from ckptguard.core.zip.directory import LocalHeader
     >>> written_by_torch(LocalHeader(1128, b"ex1/data/1", 0x808, 0, 0, 0, 0,
     ...                  b"FB" + bytes([44, 0]) + b"Z" * 44, 1216), 10, 64)
     True

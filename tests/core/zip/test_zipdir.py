@@ -352,7 +352,7 @@ def test_entry_disk_numbers_like_miniz() -> None:
 
 
 def test_tail_read_is_bounded_by_miniz_window() -> None:
-    from ckptguard.core.zip.directory import eocd_search_start
+    from ckptguard.core.zip.endrecord import eocd_search_start
 
     assert eocd_search_start(100) == 0
     assert eocd_search_start(4096) == 0
