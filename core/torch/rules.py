@@ -24,7 +24,6 @@ from typing import Any
 
 from ckptguard.core.errors import Decline
 from ckptguard.core.pickle.fast.containers import CheckedDict, OrderedDictStub
-from ckptguard.core.pickle.opcodes import BY_NAME
 from ckptguard.core.torch.dtypes import FLOATING, ITEMSIZE, PACKED_PER_BYTE, UNTYPED_STORAGES, storage_dtype
 from ckptguard.core.values import Call, Global, PersId
 
@@ -41,8 +40,6 @@ TORCH_ACCEPTED: frozenset[str] = frozenset({
     "BINFLOAT", "BINUNICODE", "SHORT_BINSTRING", "BINPERSID", "BINGET", "LONG_BINGET",
     "BINPUT", "LONG_BINPUT", "LONG1",
 })
-# the same set as opcode bytes, derived from the one opcode table
-TORCH_ACCEPTED_CODES: frozenset[int] = frozenset(BY_NAME[name].code for name in TORCH_ACCEPTED)
 
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1   # what torch's argument parser unpacks
 INT64_SAFE = 1 << 62   # ints below this are exact through every product we form

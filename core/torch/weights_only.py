@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ckptguard.core.limits import DEFAULT_LIMITS, Limits
+from ckptguard.core.pickle.opcodes import BY_NAME
 from ckptguard.core.pickle.renames import last_dot_split, torch_map
 from ckptguard.core.torch.allowlist import (
     ALLOWED_GLOBALS,
@@ -53,7 +54,7 @@ from ckptguard.core.torch.callables import (
 from ckptguard.core.torch.dtypes import ITEMSIZE, STORAGE_DTYPE
 from ckptguard.core.torch.rules import (
     BLOCKED_MODULES,
-    TORCH_ACCEPTED_CODES,
+    TORCH_ACCEPTED,
     Capacity,
     Fail,
     StorageInfo,
@@ -68,6 +69,9 @@ from ckptguard.core.torch.user_models import (
 )
 from ckptguard.core.values import Call, Global, PersId, brief
 
+# torch's accepted opcodes (core.torch.rules) as bytes, from the one opcode table: here, not
+# in rules, which the fast lane imports without the opcode table
+TORCH_ACCEPTED_CODES: frozenset[int] = frozenset(BY_NAME[name].code for name in TORCH_ACCEPTED)
 _CALLABLE_KINDS = frozenset(("type", "function", "builtin_function_or_method", "torch._C._TensorMeta",
                              "torch.nn.parameter._ParameterMeta", "torch.tensortype"))
 _NJT = ("torch.nested._internal.nested_tensor.NestedTensor",

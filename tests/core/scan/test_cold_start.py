@@ -58,6 +58,7 @@ _NOT_FOR_A_CLEAN_TORCH_ZIP = ("ckptguard.core.formats", "ckptguard.core.judge",
                               "ckptguard.core.torch.weights_only", "ckptguard.core.torch.callables",
                               "ckptguard.core.torch.tensor_build", "ckptguard.core.torch.user_models",
                               "ckptguard.core.manifest.build", "ckptguard.core.zip.directory",
+                              "ckptguard.core.pickle.opcodes",
                               "ckptguard.core.zip.checks", "ckptguard.core.regions.judge")
 _SCAN_IN_A_FRESH_PROCESS = {
     "scan_path": ("from ckptguard.core.scan import scan_path\n"
