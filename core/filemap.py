@@ -223,11 +223,10 @@ def _zip_regions(spans: ZipSpans, storage_records: set[str], flagged: set[str | 
 
 def _tiled(spans: ZipSpans) -> bool:
     """Whether each record starts where the one before it ends (`header[i + 1] == end[i]`)
-    and holds its own payload (`end >= header`, `end >= data + size`): what every
-    torch.save archive is. The
-    walk over the records then finds no overlap and no gap (a few C passes instead of a
-    Python statement per record; tests/core/test_regions.py checks it draws what the walk
-    draws)."""
+    and holds its own payload (`end >= header`, `end >= data + size`), as in every
+    torch.save archive. The walk over the records then finds no overlap and no gap: a few C
+    passes instead of a Python statement per record (tests/core/test_regions.py checks the
+    map is the one the walk draws)."""
     header, end = spans.header, spans.end
     return (bool(header) and all(map(eq, islice(header, 1, None), end))
             and all(map(ge, end, header))
