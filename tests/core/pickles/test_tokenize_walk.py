@@ -10,6 +10,7 @@ import functools
 import io
 import pickle
 import pickletools
+import random
 import re
 import zipfile
 from re import _constants as sre_constants
@@ -195,3 +196,100 @@ def test_torch_pickles_corrupted_anywhere_are_walked_as_pickletools_walks_them(
     assert ref is not None, blob
     assert toks.end == ref[0]
     assert [g[4] for g in toks.globals] == ref[1]
+
+
+# opcodes spliced into torch pickles below: ones torch refuses or the walk leaves to Python,
+# memo forms at the bounds of the walk's LONG_BINPUT branch, strings whose bytes look like
+# opcodes, ints, empty batches
+_SPLICED = (b"cos\nsystem\n", b"\x8c\x02os\x8c\x06system\x93", b"ios\nsystem\n", b"o", b"\x81",
+            b"\x82\x01", b"\x83\x01\x00", b"\x84\x01\x00\x00\x00", b"P0\n", b"Q", b"\x94",
+            b"\x95\x08\x00\x00\x00\x00\x00\x00\x00", b"q\x07", b"r\xff\xff\x0f\x00", b"r\x00\x00\x10\x00",
+            b"r\x07\x00\x00\x00", b"h\x07", b"j\x07\x00\x00\x00", b"K\x01", b"M\x01\x00",
+            b"J\x01\x00\x00\x00", b"X\x03\x00\x00\x00q((", b"X\x05\x00\x00\x00q(", b"(", b")", b"t",
+            b"R", b"e", b"u", b"(u", b"(e", b"b", b"]", b"}", b"\x88", b"N", b".", b"0", b"1", b"2",
+            b"\x8f", b"\x90", b"s", b"a")
+# one-byte opcodes torch refuses (POP, POP_MARK, DUP, MEMOIZE, OBJ, STACK_GLOBAL, ADDITEMS,
+# FROZENSET, LIST, DICT): spliced as often as all the rest, each in place of an accepted one
+_REFUSED_1 = (b"0", b"1", b"2", b"\x94", b"o", b"\x93", b"\x90", b"\x91", b"l", b"d")
+# what the walk's loop handles in Python: never inside a step of the regex run
+_PYTHON_SIDE = {"GLOBAL", "PROTO", "BUILD", "EMPTY_LIST", "EMPTY_DICT", "STOP", "SHORT_BINSTRING",
+                "LONG1"}
+
+
+def _opcode_starts(data: bytes) -> list[int]:
+    """Where pickletools' opcodes start, by argument length, up to the first opcode that is
+    unknown, refused by torch or cut short (and where the last whole opcode ends)."""
+    starts, pos, n = [], 0, len(data)
+    while pos < n:
+        op = pickletools.code2op.get(chr(data[pos]))
+        if op is None or (op.name not in _ACCEPTED and op.name != "NEWOBJ"):
+            break
+        starts.append(pos)
+        arg = op.arg
+        if arg is None or arg.n >= 0:
+            pos += 1 + (arg.n if arg is not None else 0)
+        elif op.name == "GLOBAL":
+            nl = data.find(b"\n", data.find(b"\n", pos + 1) + 1)
+            pos = nl + 1 if data.find(b"\n", pos + 1) >= 0 and nl >= 0 else n + 1
+        elif arg.n == pickletools.TAKEN_FROM_ARGUMENT1:
+            pos = pos + 2 + data[pos + 1] if pos + 2 <= n else n + 1
+        else:
+            pos = pos + 5 + int.from_bytes(data[pos + 1:pos + 5], "little") if pos + 5 <= n else n + 1
+    if pos <= n:
+        starts.append(pos)
+    return starts
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(which=st.integers(0, 2), seed=st.integers(0, 1 << 32), newobj=st.booleans())
+def test_each_step_of_the_walk_is_whole_opcodes_torch_accepts(which: int, seed: int,
+                                                             newobj: bool) -> None:
+    """Not only where the walk ends: each step of its run (the tensor-entry branch or the
+    one-opcode branch) starts and ends where pickletools' opcodes do, and every opcode inside
+    it is one torch accepts that the walk may pass without Python (LONG_BINPUT below 2**20,
+    a MARK directly before APPENDS/SETITEMS only after a batch of the same kind). Positions
+    come from a seeded generator: hypothesis favours small integers, and most of the memo
+    forms (4-byte indexes) sit far into a torch pickle."""
+    rng = random.Random(seed)
+    pkl = _torch_pickles()[which]
+    offsets = [pos for _op, _arg, pos in pickletools.genops(pkl)]
+    first = rng.randrange(2, max(3, len(offsets) - 60))     # ~60 opcodes after PROTO
+    last = min(first + 60, len(offsets) - 1)
+    data = bytearray(pkl[:2] + pkl[offsets[first]:offsets[last]])
+    starts = [2 + o - offsets[first] for o in offsets[first:last]]
+    # up to 6 splices, each replacing the opcode at an opcode start or going in before it
+    # (from the end back, so the starts still hold), a memo opcode re-encoded with a 4-byte
+    # index at the bounds of the walk's LONG_BINPUT branch, then maybe one byte changed
+    for i in sorted(rng.sample(range(len(starts)), rng.randrange(min(7, len(starts)))), reverse=True):
+        end = starts[i + 1] if i + 1 < len(starts) else len(data)
+        if data[starts[i]] in b"qrhj" and rng.random() < 0.5:   # a memo opcode re-encoded
+            index = rng.choice((data[starts[i] + 1], 0xFFFFF, 0x100000, 0xFFFFFFFF))
+            data[starts[i]:end] = (b"r" if data[starts[i]] in b"qr" else b"j") + index.to_bytes(4, "little")
+            continue
+        spliced = rng.choice(_SPLICED if rng.random() < 0.5 else _REFUSED_1)
+        data[starts[i]:end if rng.random() < 0.5 else starts[i]] = spliced
+    if rng.random() < 0.5:
+        data[rng.randrange(len(data))] ^= rng.randrange(1, 256)
+    blob = bytes(data[:rng.randrange(3, len(data) + 1)] if rng.random() < 0.3 else data)
+    branches = pickletoken._TENSOR_ENTRY + (rb"|\x81|" if newobj else rb"|") + pickletoken._ONE_OPCODE
+    step = re.compile(rb"(?:" + branches + rb")")
+    starts = _opcode_starts(blob)
+    allowed = _ACCEPTED - _PYTHON_SIDE | ({"NEWOBJ"} if newobj else set())
+    pos = 2
+    while pos in starts and pos < len(blob):
+        m = step.match(blob, pos)
+        if m is None:   # the loop's Python side steps over it (or declines there)
+            op = pickletools.code2op.get(chr(blob[pos]))
+            if op is None or op.name not in _PYTHON_SIDE - {"STOP"}:
+                return
+            pos = next((s for s in starts if s > pos), len(blob) + 1)
+            continue
+        assert m.end() in starts, (blob, pos, m.end())
+        for at in (s for s in starts if pos <= s < m.end()):
+            name = pickletools.code2op[chr(blob[at])].name
+            assert name in allowed, (blob, at, name)
+            if name == "LONG_BINPUT":
+                assert int.from_bytes(blob[at + 1:at + 5], "little") < 1 << 20, (blob, at)
+            if name == "MARK" and blob[at + 1:at + 2] in (b"e", b"u"):
+                assert at > pos and blob[at - 1] == blob[at + 1], (blob, at)
+        pos = m.end()
