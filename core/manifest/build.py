@@ -622,13 +622,14 @@ class _Builder:
         st = self.storages.get(key)
         if st is None:
             st = self.new_storage(pid, stype, key, location, numel, persid)
-        elif (st[3] != stype or st[0].numel != numel) and st[0].nbytes == 0:
-            # torch caches a storage only if it has a data pointer (load_tensor's
-            # `_data_ptr() != 0`): an empty one is loaded again, as this pid declares it
-            st = self.new_storage(pid, stype, key, location, numel, persid, listed=False)
-        elif st[3] != stype or st[0].numel != numel:
-            self.bad(f"storage {key} declared again as {brief(stype)} x {brief(numel)}; torch keeps "
-                     f"the first ({st[0].dtype} x {st[0].numel})", node)
+        elif st[3] != stype or st[0].numel != numel:   # the key declared again, differently
+            if st[0].nbytes == 0:
+                # torch caches a storage only if it has a data pointer (load_tensor's
+                # `_data_ptr() != 0`): an empty one is loaded again, as this pid declares it
+                st = self.new_storage(pid, stype, key, location, numel, persid, listed=False)
+            else:
+                self.bad(f"storage {key} declared again as {brief(stype)} x {brief(numel)}; torch "
+                         f"keeps the first ({st[0].dtype} x {st[0].numel})", node)
         if len(pid) == 6 and pid[5] is not None:
             view = pid[5]
             if type(view) is not tuple or len(view) != 3 or type(view[1]) is not int \
