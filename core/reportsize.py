@@ -23,7 +23,7 @@ from typing import Any
 
 from ckptguard.core.errors import Code
 from ckptguard.core.limits import Limits
-from ckptguard.core.report import NAME_MARK, Finding, Report, StorageEntry, TensorEntry
+from ckptguard.core.report import NAME_MARK, Finding, Report, StorageEntry, TensorEntry, json_len
 
 # JSON of a row whose strings are empty, lists empty, optional fields null, numbers 0: what
 # every row costs before its variable parts (field names, quotes, separators, "false")
@@ -33,8 +33,6 @@ _STORAGE_FIXED = len(json.dumps(StorageEntry("", "", 0, 0, "", "", 0, False).to_
 # a map region (core.filemap.Region: kind, name, offset, length)
 _REGION_FIXED = len(json.dumps({"kind": "", "name": "", "offset": 0, "length": 0}))
 _RESERVE = 4096   # the LIMIT_REPORT finding itself, with its counts
-# the ASCII characters json.dumps escapes: controls, DEL, the quote and the backslash
-_JSON_ESCAPED = bytes(range(0x20)) + b'"\\\x7f'
 
 
 def report_budget(limits: Limits, bytes_read: int, tensors: int) -> int:
@@ -47,18 +45,7 @@ def report_budget(limits: Limits, bytes_read: int, tensors: int) -> int:
 
 def _text(strings: Iterable[str | None]) -> int:
     """JSON characters of the strings' contents (escapes included, quotes not), summed."""
-    return _json_chars("".join(filter(None, strings)))
-
-
-def _json_chars(text: str) -> int:
-    """JSON characters of `text`'s contents (escapes included, quotes not). ASCII without a
-    character JSON escapes, what names and records nearly always are, is counted without
-    encoding it: two C passes (a copy and a byte filter) instead of the encoder's."""
-    if text.isascii():
-        raw = text.encode("ascii")
-        if len(raw.translate(None, _JSON_ESCAPED)) == len(raw):
-            return len(raw)
-    return len(encode_basestring_ascii(text)) - 2
+    return json_len("".join(filter(None, strings)))
 
 
 def _transposed(rows: Sequence[tuple[Any, ...]]) -> tuple[tuple[Any, ...], ...]:
@@ -95,7 +82,7 @@ def tensors_bound(tensors: Sequence[TensorEntry], max_name_chars: int) -> int:
     joined = "".join(names)
     # a path's segments hold its name's characters minus the dots, plus per segment two
     # quotes and ", "; a shortened path (NAME_MARK) may hold up to max_name_chars more
-    name_text = _json_chars(joined)
+    name_text = json_len(joined)
     shortened = joined.count(NAME_MARK)
     segments = sum(map(len, paths))
     dims = list(chain.from_iterable(chain(shapes, strides)))

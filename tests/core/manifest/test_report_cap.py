@@ -16,9 +16,8 @@ from hypothesis import strategies as st
 from ckptguard.core.errors import Code
 from ckptguard.core.filemap import Region
 from ckptguard.core.limits import Limits
-from ckptguard.core.report import StorageEntry, TensorEntry, bound_names
+from ckptguard.core.report import StorageEntry, TensorEntry, bound_names, json_len
 from ckptguard.core.reportsize import (
-    _json_chars,
     regions_bound,
     report_budget,
     storages_bound,
@@ -174,7 +173,7 @@ def test_the_storage_bound_is_an_upper_bound(rows: list[StorageEntry]) -> None:
 @given(text=_TEXT | st.text(st.characters(min_codepoint=0, max_codepoint=0x80)))
 def test_text_is_counted_as_json_writes_it(text: str) -> None:
     """The count without encoding (printable ASCII) equals what the encoder writes."""
-    assert _json_chars(text) == len(json.dumps(text)) - 2
+    assert json_len(text) == len(json.dumps(text)) - 2
 
 
 _REGION = st.builds(Region, kind=_TEXT, name=_TEXT, offset=st.integers(0, 1 << 70),
