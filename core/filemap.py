@@ -168,10 +168,11 @@ def _zip_regions(spans: ZipSpans, storage_records: set[str], flagged: set[str | 
     add_region(out, "prepended", "bytes before the first record", 0, first)
     # anomalies between records: one pass, the same walk core.zip.checks makes
     cursor = payload_max = first
-    tiled = _tiled(spans)
+    payload_ends = list(map(add, spans.data, spans.size))
+    tiled = _tiled(spans, payload_ends)
     if tiled:   # no anomaly between records: the walk's end state, in C passes
         cursor = max(first, spans.end[-1])
-        payload_max = max(first, max(map(add, spans.data, spans.size)))
+        payload_max = max(first, max(payload_ends))
     else:
         for name, start, data, size, end in zip(spans.names, spans.header, spans.data, spans.size,
                                                 spans.end, strict=True):
@@ -221,16 +222,16 @@ def _zip_regions(spans: ZipSpans, storage_records: set[str], flagged: set[str | 
     return out, omitted
 
 
-def _tiled(spans: ZipSpans) -> bool:
+def _tiled(spans: ZipSpans, payload_ends: Sequence[int]) -> bool:
     """Whether each record starts where the one before it ends (`header[i + 1] == end[i]`)
-    and holds its own payload (`end >= header`, `end >= data + size`), as in every
-    torch.save archive. The walk over the records then finds no overlap and no gap: a few C
-    passes instead of a Python statement per record (tests/core/test_regions.py checks the
-    map is the one the walk draws)."""
+    and holds its own payload (`end >= header`, `end >= data + size`, given as
+    `payload_ends`), as in every torch.save archive. The walk over the records then finds no
+    overlap and no gap: a few C passes instead of a Python statement per record
+    (tests/core/test_regions.py checks the map is the one the walk draws)."""
     header, end = spans.header, spans.end
     return (bool(header) and all(map(eq, islice(header, 1, None), end))
             and all(map(ge, end, header))
-            and all(map(ge, end, map(add, spans.data, spans.size))))
+            and all(map(ge, end, payload_ends)))
 
 
 def _merged_runs(spans: ZipSpans, first: int, tiled: bool) -> list[Region]:
