@@ -77,44 +77,13 @@ def test_a_run_longer_than_one_chunk_is_walked_on() -> None:
 
 
 def _reference(data: bytes, newobj: bool) -> tuple[int, list[int]] | None:
-    """pickletools' opcode table, walked by argument length only (decoding the arguments is
-    the loader's business, not the walk's): (end, GLOBAL positions), or None if torch's set
-    refuses an opcode or the pickle is cut short."""
-    globals_at: list[int] = []
-    pos, n = 0, len(data)
-    while pos < n:
-        op = pickletools.code2op.get(chr(data[pos]))
-        if op is None or (op.name not in _ACCEPTED and not (newobj and op.name == "NEWOBJ")):
-            return None
-        if op.name == "GLOBAL":
-            globals_at.append(pos)
-        if op.name == "STOP":
-            return pos + 1, globals_at
-        start = pos + 1
-        arg = op.arg
-        if arg is None:
-            pos = start
-        elif arg.n >= 0:
-            pos = start + arg.n
-        elif arg.n == pickletools.UP_TO_NEWLINE:
-            lines = 2 if op.name == "GLOBAL" else 1
-            pos = start
-            for _ in range(lines):
-                nl = data.find(b"\n", pos)
-                if nl < 0:
-                    return None
-                pos = nl + 1
-        elif arg.n == pickletools.TAKEN_FROM_ARGUMENT1:
-            if start + 1 > n:
-                return None
-            pos = start + 1 + data[start]
-        elif arg.n in (pickletools.TAKEN_FROM_ARGUMENT4, pickletools.TAKEN_FROM_ARGUMENT4U):
-            if start + 4 > n:
-                return None
-            pos = start + 4 + int.from_bytes(data[start:start + 4], "little", signed=False)
-        else:
-            return None
-    return None
+    """pickletools' walk of `data` (`_opcode_starts`): (end after STOP, GLOBAL positions), or
+    None if torch's set refuses an opcode or the pickle is cut short before its STOP."""
+    starts = _opcode_starts(data, newobj=newobj)
+    stop = next((s for s in starts if s < len(data) and data[s] == 0x2E), None)
+    if stop is None:
+        return None
+    return stop + 1, [s for s in starts if s < stop and data[s] == 0x63]
 
 
 _values = st.recursive(
@@ -216,13 +185,15 @@ _PYTHON_SIDE = {"GLOBAL", "PROTO", "BUILD", "EMPTY_LIST", "EMPTY_DICT", "STOP", 
                 "LONG1"}
 
 
-def _opcode_starts(data: bytes) -> list[int]:
-    """Where pickletools' opcodes start, by argument length, up to the first opcode that is
-    unknown, refused by torch or cut short (and where the last whole opcode ends)."""
+def _opcode_starts(data: bytes, *, newobj: bool = True) -> list[int]:
+    """Where pickletools' opcodes start, walked by argument length only (decoding the
+    arguments is the loader's business, not the walk's), up to the first opcode that is
+    unknown, refused by torch (NEWOBJ: unless `newobj`) or cut short; then where the last
+    whole opcode ends."""
     starts, pos, n = [], 0, len(data)
     while pos < n:
         op = pickletools.code2op.get(chr(data[pos]))
-        if op is None or (op.name not in _ACCEPTED and op.name != "NEWOBJ"):
+        if op is None or (op.name not in _ACCEPTED and not (newobj and op.name == "NEWOBJ")):
             break
         starts.append(pos)
         arg = op.arg
