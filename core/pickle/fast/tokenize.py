@@ -33,7 +33,24 @@ from ckptguard.core.pickle.fast.containers import BuildLedger, CheckedDict, Chec
 from ckptguard.core.pickle.renames import last_dot_split, python_map, torch_map
 from ckptguard.core.pickle.result import GlobalUse
 
+# The C unpickler keeps its memo in an array that grows to twice the largest index put (16
+# bytes per index): a LONG_BINPUT at a large index in a short pickle costs memory the pickle
+# does not pay for. Every pickler numbers its memo in order (index = entries so far), and an
+# index from 256 on takes a LONG_BINPUT (5 bytes, starting with b"r"). So in a pickle any
+# pickler wrote, no index reaches 256 + min(its b"r" bytes, its size // 5): a larger one is
+# declined to the exact interpreters (a dict memo, Limits.max_memo_entries), and the array
+# stays within ~3 bytes per pickle byte. Below the floor (16 MB of memo at most) any index
+# passes: the walk's regex takes those without Python.
 _MAX_MEMO_INDEX_FLOOR = 1 << 20
+_LONG_BINPUT_SIZE = 5
+
+
+def memo_index_cap(data: bytes) -> int:
+    """The largest memo index + 1 a pickler could have written in `data` (see above)."""
+    n = len(data)
+    if n // _LONG_BINPUT_SIZE + 256 <= _MAX_MEMO_INDEX_FLOOR:
+        return _MAX_MEMO_INDEX_FLOOR
+    return max(_MAX_MEMO_INDEX_FLOOR, 256 + min(n // _LONG_BINPUT_SIZE, data.count(b"r")))
 
 # Fixed-size opcodes torch accepts (FORMATS.md §3.4), as one run: REDUCE
 # APPEND APPENDS SETITEM SETITEMS MARK TUPLE TUPLE1-3 EMPTY_TUPLE EMPTY_DICT EMPTY_SET NONE
@@ -140,7 +157,7 @@ def tokenize(data: bytes, allowed: Callable[[str], bool], *, newobj: bool = Fals
     match = run_pattern(newobj).match
     pieces: list[bytes] = []
     piece_start = 0
-    memo_cap = max(_MAX_MEMO_INDEX_FLOOR, n)
+    memo_cap = memo_index_cap(data)
     while True:
         run_end = match(data, pos).end()   # type: ignore[union-attr]  # {0,N} always matches
         ran = run_end != pos

@@ -4,14 +4,19 @@ runs anything, and declines everything else."""
 from __future__ import annotations
 
 import pickle
+import pickletools
 import zipfile
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ckptguard.core.errors import Decline
 from ckptguard.core.pickle.fast.stubs import fast_load, tokenize
+from ckptguard.core.pickle.fast.tokenize import memo_index_cap
 from ckptguard.core.torch.rules import check_rebuild
 from ckptguard.core.values import Call, Global, PersId
 from tests.builders.pickle_asm import asm
@@ -116,6 +121,79 @@ def test_huge_memo_index_costs_nothing() -> None:
     data = asm(("PROTO", 2), "NONE", ("LONG_BINPUT", 0xFFFFFFF0), "STOP")
     with pytest.raises(Decline, match="memo"):
         _load(data)
+
+
+def _sparse_memo_pickle(size: int, index: int) -> bytes:
+    """`size` bytes of pickle whose one memo entry is at `index`: (a long string without a
+    b"r", None put at the index)."""
+    def pickle_of(text: str) -> bytes:
+        return asm(("PROTO", 2), ("BINUNICODE", text), "NONE", ("LONG_BINPUT", index),
+                   "TUPLE2", "STOP")
+    return pickle_of("a" * (size - len(pickle_of(""))))
+
+
+def test_a_memo_index_no_pickler_writes_is_declined() -> None:
+    """The C memo is an array of 16 bytes per index: an index near the pickle's size (the
+    old cap) made an 8 MB pickle cost 128 MB. Now it goes to the exact interpreters."""
+    data = _sparse_memo_pickle(8 << 20, (8 << 20) - 64)
+    assert b"r" not in data[:-10]
+    with pytest.raises(Decline, match="memo"):
+        _load(data)
+
+
+def test_the_scan_of_a_sparse_memo_stays_small() -> None:
+    """End to end: the scan of that pickle costs a few times the pickle, not the index x 16."""
+    import tracemalloc
+
+    from ckptguard.core.scan import scan_bytes
+
+    data = _sparse_memo_pickle(8 << 20, (8 << 20) - 64)
+    tracemalloc.start()
+    try:
+        report = scan_bytes(data)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert report.verdict == "safe" and report.weights_only.policy_accepts
+    assert peak < 6 * len(data), f"{peak:,} bytes traced for an {len(data):,}-byte pickle"
+
+
+def test_every_memo_index_a_pickler_writes_passes() -> None:
+    """1.1 M memo entries (past the floor): every LONG_BINPUT index the pickler wrote is
+    under the cap, and the walk takes the pickle."""
+    data = pickle.dumps([f"k{i}" for i in range(1_100_000)], protocol=2)
+    # the list is entry 0, then one entry per string: the last string's LONG_BINPUT ends the
+    # last batch (APPENDS, STOP)
+    assert data[-7] == pickle.LONG_BINPUT[0] and data[-2:] == pickle.APPENDS + pickle.STOP
+    last = int.from_bytes(data[-6:-2], "little")
+    assert last == 1_100_000 > 1 << 20
+    tokenize(data, lambda name: False)   # no Decline
+    assert last < memo_index_cap(data)
+
+
+_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8)
+    | st.binary(max_size=8),
+    lambda inner: st.lists(inner, max_size=6) | st.tuples(inner, inner)
+    | st.dictionaries(st.text(max_size=4), inner, max_size=6),
+    max_leaves=60)
+
+
+@settings(max_examples=200, deadline=None)
+@given(value=_VALUES, copies=st.integers(1, 3))
+def test_the_memo_cap_holds_for_what_picklers_write(value: Any, copies: int) -> None:
+    """With no floor, the cap is still above every index the C and Python picklers write
+    (protocol 2, torch.save's, and the highest): the rule, not the floor, keeps real
+    pickles on the fast path."""
+    obj = [value] * copies + [[value, value]]
+    for dumps in (pickle.dumps, pickle._dumps):  # type: ignore[attr-defined]
+        for protocol in (2, pickle.HIGHEST_PROTOCOL):
+            data = dumps(obj, protocol=protocol)
+            indexes = [arg for op, arg, _ in pickletools.genops(data)
+                       if op.name in ("BINPUT", "LONG_BINPUT", "PUT")]
+            with mock.patch("ckptguard.core.pickle.fast.tokenize._MAX_MEMO_INDEX_FLOOR", 0):
+                cap = memo_index_cap(data)
+            assert max(indexes, default=-1) < cap
 
 
 @pytest.mark.parametrize("kwargs", [
