@@ -13,7 +13,6 @@ cut are counted in `regions_omitted`). One LIMIT_REPORT finding
 from __future__ import annotations
 
 import dataclasses
-import gc
 import json
 from collections.abc import Iterable, Sequence
 from itertools import chain
@@ -22,6 +21,7 @@ from operator import countOf, itemgetter
 from typing import Any
 
 from ckptguard.core.errors import Code
+from ckptguard.core.gcpause import collector_paused
 from ckptguard.core.limits import Limits
 from ckptguard.core.report import NAME_MARK, Finding, Report, StorageEntry, TensorEntry, json_len
 
@@ -53,13 +53,8 @@ def _transposed(rows: Sequence[tuple[Any, ...]]) -> tuple[tuple[Any, ...], ...]:
     collector on those allocations set off collections that traverse the manifest for
     nothing (about 100 M instructions per call on 40,000 rows, callgrind): the rows are
     tuples of values and no cycle is made here, so it runs with the collector off."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
+    with collector_paused():
         return tuple(zip(*rows, strict=True))
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def _widest(*columns: Sequence[int]) -> int:

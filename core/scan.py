@@ -14,7 +14,6 @@ Example:
 from __future__ import annotations
 
 import errno
-import gc
 import logging
 import os
 import time
@@ -23,6 +22,7 @@ from typing import TYPE_CHECKING
 from ckptguard.core import __version__
 from ckptguard.core.errors import CkptError, Code, LimitExceeded, SourceError
 from ckptguard.core.filemap import finish as finish_regions
+from ckptguard.core.gcpause import collector_paused
 from ckptguard.core.io.source import ByteSource, BytesSource, FileSource, ReadOnce
 from ckptguard.core.report import FormatName, Report, SourceInfo, WeightsOnly, bound_names, decide_verdict
 from ckptguard.core.reportsize import cap_report, report_budget
@@ -58,14 +58,9 @@ def scan_source(source: ByteSource, *, options: ScanOptions | None = None,
     # A scan builds millions of small objects that live until it ends; generational GC
     # passes over that growing heap cost more than the scan (bench/scan_bench.py: 5.2 s ->
     # see README). Scans are bounded by Limits and the worker's RLIMIT_AS.
-    gc_was_enabled = gc.isenabled()
-    gc.disable()
-    try:
+    with collector_paused():
         _analyze_guarded(source, an, info)
         return _report(an, source, info, started)   # its size cap passes over every row
-    finally:
-        if gc_was_enabled:
-            gc.enable()
 
 
 def _analyze_guarded(source: ByteSource, an: Analysis, info: SourceInfo) -> None:

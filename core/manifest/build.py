@@ -55,12 +55,12 @@ general one (tests/core/manifest).
 
 from __future__ import annotations
 
-import gc
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ckptguard.core.errors import Code, LimitExceeded
+from ckptguard.core.gcpause import collector_paused
 from ckptguard.core.manifest.keynames import segment
 from ckptguard.core.pickle.vm import hashable_key
 from ckptguard.core.report import StorageEntry, TensorEntry, join_name
@@ -168,15 +168,10 @@ def build_manifest(root: Any, locator: StorageLocator, an: Analysis, *,
     """
     # A 100k-tensor graph makes the cyclic GC rescan it over and over (1.5 s instead of
     # 0.2 s, bench/); nothing built here forms a cycle, so pause it for the walk.
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
+    with collector_paused():
         builder = _Builder(locator, an, record, built or {})
         builder.preload(persids)
         builder.run(root)
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 def _ints(value: Any, what: str) -> list[int]:

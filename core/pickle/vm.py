@@ -28,7 +28,6 @@ CPython, so such dict keys are wrapped in `Unhashable`).
 
 from __future__ import annotations
 
-import gc
 import re
 import struct
 from collections.abc import Callable
@@ -37,6 +36,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from ckptguard.core.errors import CkptError, Code, FormatError, LimitExceeded
+from ckptguard.core.gcpause import collector_paused
 from ckptguard.core.limits import DEFAULT_LIMITS, Limits
 from ckptguard.core.pickle.frames import file_reader_view, frame_divergence
 from ckptguard.core.pickle.opcodes import (
@@ -97,13 +97,8 @@ def run_vm(data: bytes | memoryview, *, start: int = 0, base_offset: int = 0,
     buf = data if isinstance(data, bytes) else bytes(data)
     # The cyclic GC would rescan the growing graph again and again (half the run time on
     # the bench); the graph is only garbage once the result is dropped, so pause it.
-    gc_was_enabled = gc.isenabled()
-    gc.disable()
-    try:
+    with collector_paused():
         return _Machine(buf, start, base_offset, limits, node_name).run()
-    finally:
-        if gc_was_enabled:
-            gc.enable()
 
 
 def describe(value: Any) -> str:

@@ -26,12 +26,12 @@ Assumptions (each a deliberate choice, see tests/differential):
 
 from __future__ import annotations
 
-import gc
 import re
 import struct
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from ckptguard.core.gcpause import collector_paused
 from ckptguard.core.limits import DEFAULT_LIMITS, Limits
 from ckptguard.core.pickle.opcodes import BY_NAME
 from ckptguard.core.pickle.renames import last_dot_split, torch_map
@@ -716,21 +716,17 @@ def emulate(data: bytes | memoryview, *, allow: frozenset[str] = frozenset(),
     """
     em = _Emulator(_as_bytes(data), frozenset(allow), resolver, base_offset, limits, legacy,
                    persistent_load)
-    gc_was_enabled = gc.isenabled()
-    gc.disable()  # millions of young container objects: the cyclic GC would rescan them all
     try:
-        root = em.run()
-        return WeightsOnlyResult(True, None, root, em.storages, em.r.pos, em.protocol,
-                                 deserialized=em.deserialized(), built=em.built_views())
+        with collector_paused():   # millions of young containers: the GC would rescan them all
+            root = em.run()
+            return WeightsOnlyResult(True, None, root, em.storages, em.r.pos, em.protocol,
+                                     deserialized=em.deserialized(), built=em.built_views())
     except _Stop as stop:
         error = stop.error
     except RecursionError:
         error = TorchError("LimitExceeded", "value nesting too deep", em.op_offset)
     except MemoryError:
         error = TorchError("LimitExceeded", "out of memory", em.op_offset)
-    finally:
-        if gc_was_enabled:
-            gc.enable()
     return WeightsOnlyResult(False, error, None, em.storages, em.op_offset - base_offset, em.protocol,
                              em.r.pos)
 

@@ -18,7 +18,6 @@ hash each tuple of a DAG once.
 from __future__ import annotations
 
 import functools
-import gc
 import io
 import pickle
 import re
@@ -28,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ckptguard.core.errors import Decline
+from ckptguard.core.gcpause import collector_paused
 from ckptguard.core.limits import DEFAULT_LIMITS
 from ckptguard.core.pickle.fast.containers import BuildLedger, CheckedDict, CheckedList
 from ckptguard.core.pickle.renames import last_dot_split, python_map, torch_map
@@ -282,17 +282,13 @@ class StubUnpickler(pickle.Unpickler):
 
     def load_or_decline(self) -> Any:
         """`load()`, with any failure a Decline and the cyclic GC paused meanwhile."""
-        gc_was_enabled = gc.isenabled()
-        gc.disable()  # millions of new containers: generational GC passes cost more than the load
         try:
-            root = self.load()
+            with collector_paused():   # millions of new containers, no cycle among them
+                root = self.load()
         except Decline:
             raise
         except Exception as exc:
             raise Decline(f"{type(exc).__name__}: {exc}") from exc
-        finally:
-            if gc_was_enabled:
-                gc.enable()
         if self.builds.count != self.builds_expected:
             raise Decline("a BUILD on an object whose __setstate__ is not ours")
         return root
