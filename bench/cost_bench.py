@@ -1,12 +1,13 @@
 """Bounded cost (issue 14), side by side in one run, as ratios.
 
-    python bench/cost_bench.py [--quick] [--python PATH ...] [--tensors-small N]
+    python bench/cost_bench.py [--quick] [--python PATH ...] [--tools-bin DIR] [--tensors-small N]
 
 Writes into a temp dir (deleted afterwards) and prints one table:
   many-small   a torch.save of N float32 tensors of 40 KB (default 40,000: 1.6 GB): ckptguard's
                bytes read, peak RSS (VmHWM) and time (a fresh process each, best of 3; on every
                --python too), next to
-               torch.load(weights_only=True, mmap=True) and picklescan (if installed);
+               torch.load(weights_only=True, mmap=True) and picklescan (importable here, or
+               in the venv of the `picklescan` in --tools-bin or on PATH);
   report size  report JSON bytes on hostile cases (one memoized long key under many nested dicts,
                views sharing a long shape or storage key, globals sharing a long module) next
                to the issue's bound (8 x pickle + 2 KiB per tensor) and the report cap;
@@ -96,7 +97,7 @@ def _row(*cells: object) -> None:
     print("| " + " | ".join(str(c) for c in cells) + " |", flush=True)
 
 
-def many_small(tmp: Path, n: int, pythons: list[str]) -> None:
+def many_small(tmp: Path, n: int, pythons: list[str], tools_bin: str | None) -> None:
     path = tmp / "many_small.pt"
     torch.save({f"layer.{i}.weight": torch.full((10_000,), float(i)) for i in range(n)}, path)
     os.sync()   # 1.6 GB of dirty pages: written back now, not during the first timed scans
@@ -112,17 +113,24 @@ def many_small(tmp: Path, n: int, pythons: list[str]) -> None:
              f"{each['rss_mb']:.0f}", f"{each['s']:.3f}", f"{float(each['s']) / float(cg['s']):.2f}x")  # type: ignore[arg-type]
     _row("torch.load(weights_only, mmap)", "mmap", f"{tl['rss_mb']:.0f}", f"{tl['s']:.3f}",
          f"{float(tl['s']) / float(cg['s']):.1f}x slower")  # type: ignore[arg-type]
-    if shutil.which("picklescan") or _has("picklescan"):
-        ps = _run_json(sys.executable, _PICKLESCAN_ONE, str(path))
+    picklescan_python = _python_with("picklescan", tools_bin)
+    if picklescan_python is not None:
+        ps = _run_json(picklescan_python, _PICKLESCAN_ONE, str(path))
         _row("picklescan", "whole file", f"{ps['rss_mb']:.0f}", f"{ps['s']:.3f}",
              f"{float(ps['s']) / float(cg['s']):.1f}x slower")  # type: ignore[arg-type]
     else:
-        _row("picklescan", "not installed", "", "", "")
+        _row("picklescan", "not installed (--tools-bin)", "", "", "")
 
 
-def _has(module: str) -> bool:
+def _python_with(module: str, tools_bin: str | None) -> str | None:
+    """A Python that imports `module`: this one, or the venv's next to the tool's executable
+    in `tools_bin` or on PATH (peers live in a venv of their own, README)."""
     import importlib.util
-    return importlib.util.find_spec(module) is not None
+    if importlib.util.find_spec(module) is not None:
+        return sys.executable
+    exe = shutil.which(module, path=tools_bin) if tools_bin else shutil.which(module)
+    python = Path(exe).with_name("python") if exe else None
+    return str(python) if python is not None and python.exists() else None
 
 
 def report_size() -> None:
@@ -303,6 +311,8 @@ def main() -> None:
     ap.add_argument("--python", action="append", default=[],
                     help="more interpreters for the many-small, cold-start and 10k rows (each "
                          "with ckptguard installed)")
+    ap.add_argument("--tools-bin", help="folder with a peer's executable in its own venv "
+                    "(e.g. /tmp/tools/bin after `pip install picklescan` there)")
     ap.add_argument("--skip", default="", help="comma-separated: many,report,cold,10k,remote")
     ap.add_argument("--million", action="store_true",
                     help="also the 1,000,000-tensor safetensors file (minutes)")
@@ -314,7 +324,8 @@ def main() -> None:
         ten_k_path = tmp / "10k.pt"
         torch.save({f"layer.{i}.weight": torch.zeros(2, 2) for i in range(10_000)}, ten_k_path)
         if "many" not in skip:
-            many_small(tmp, 4_000 if args.quick else 40_000, [sys.executable, *args.python])
+            many_small(tmp, 4_000 if args.quick else 40_000, [sys.executable, *args.python],
+                       args.tools_bin)
         if "report" not in skip:
             report_size()
         if "cold" not in skip:
