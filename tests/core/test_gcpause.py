@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+from collections.abc import Iterator
 
 import pytest
 
@@ -10,9 +11,9 @@ from ckptguard.core.gcpause import collector_paused
 
 
 @pytest.fixture(autouse=True)
-def _restore_collector() -> object:
+def _restore_collector() -> Iterator[None]:
     was = gc.isenabled()
-    yield None
+    yield
     if was:
         gc.enable()
     else:
