@@ -6,8 +6,11 @@ to the VM, so the framing itself is the evidence: PICKLE_FRAME_DIVERGENCE, unsaf
 
 from __future__ import annotations
 
+import contextlib
 import io
 import pickle
+import resource
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -70,12 +73,41 @@ def test_the_hidden_payload_is_named() -> None:
 # -- the file reader's view is what the C unpickler reads from a file ----------------------
 
 
+@contextlib.contextmanager
+def _address_space_capped(headroom: int = 1 << 30) -> Iterator[None]:
+    """The process's address space capped at its current size + `headroom` for the block.
+
+    Why: the C unpickler keeps its memo in an array of 16 bytes per index and zero-fills it
+    up to the largest index put. A frame that ends inside a LONG_BINPUT's argument makes the
+    file reader take other bytes for the index (e.g. 0x52000001: a 22 GB array), and the
+    kernel lets the oracle touch it until the OOM killer ends the test worker. Under the cap
+    that is a MemoryError, an outcome like the others."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    with open("/proc/self/statm") as statm:
+        size = int(statm.read().split()[0]) * resource.getpagesize()
+    cap = size + headroom if hard == resource.RLIM_INFINITY else min(size + headroom, hard)
+    resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+
+
 def _load_from_file(data: bytes) -> tuple[str, Any, list[tuple[str, str]]]:
     rec = Recorder(io.BytesIO(data))
     try:
-        return "ok", rec.load(), rec.imported
+        with _address_space_capped():
+            return "ok", rec.load(), rec.imported
     except Exception as exc:   # the outcome is what is compared
         return type(exc).__name__, None, rec.imported
+
+
+def test_a_huge_memo_index_is_an_outcome_not_a_lost_worker() -> None:
+    """The index the file reader took in a generated case (hypothesis found it): 16 bytes
+    x 0x52000001 is no allocation a test worker may make."""
+    data = asm(("PROTO", 2), "NONE", ("LONG_BINPUT", 0x52000001), "STOP")
+    assert _load_from_file(data)[0] == "MemoryError"
+    assert _load_from_file(asm(("PROTO", 2), "NONE", ("LONG_BINPUT", 7), "STOP"))[0] == "ok"
 
 
 @settings(max_examples=120, deadline=None)
