@@ -47,10 +47,10 @@ _LONG_BINPUT_SIZE = 5
 
 def memo_index_cap(data: bytes) -> int:
     """The largest memo index + 1 a pickler could have written in `data` (see above)."""
-    n = len(data)
-    if n // _LONG_BINPUT_SIZE + 256 <= _MAX_MEMO_INDEX_FLOOR:
+    by_size = 256 + len(data) // _LONG_BINPUT_SIZE
+    if by_size <= _MAX_MEMO_INDEX_FLOOR:   # the floor is higher: no need to count
         return _MAX_MEMO_INDEX_FLOOR
-    return max(_MAX_MEMO_INDEX_FLOOR, 256 + min(n // _LONG_BINPUT_SIZE, data.count(b"r")))
+    return max(_MAX_MEMO_INDEX_FLOOR, min(by_size, 256 + data.count(b"r")))
 
 # Fixed-size opcodes torch accepts (FORMATS.md §3.4), as one run: REDUCE
 # APPEND APPENDS SETITEM SETITEMS MARK TUPLE TUPLE1-3 EMPTY_TUPLE EMPTY_DICT EMPTY_SET NONE
@@ -157,7 +157,7 @@ def tokenize(data: bytes, allowed: Callable[[str], bool], *, newobj: bool = Fals
     match = run_pattern(newobj).match
     pieces: list[bytes] = []
     piece_start = 0
-    memo_cap = memo_index_cap(data)
+    memo_cap: int | None = None   # memo_index_cap, counted when an index past the floor needs it
     while True:
         run_end = match(data, pos).end()   # type: ignore[union-attr]  # {0,N} always matches
         ran = run_end != pos
@@ -186,8 +186,14 @@ def tokenize(data: bytes, allowed: Callable[[str], bool], *, newobj: bool = Fals
             toks.globals.append((module, name, raw_module, raw_name, pos))
             pos = nl2 + 1
         elif op == 0x72:  # LONG_BINPUT with a large index: bound it (the C memo is an array)
-            if pos + 5 > n or _U32.unpack_from(data, pos + 1)[0] >= memo_cap:
+            if pos + 5 > n:
                 raise Decline("memo index out of range")
+            index = _U32.unpack_from(data, pos + 1)[0]
+            if index >= _MAX_MEMO_INDEX_FLOOR:   # (the cap is never below the floor)
+                if memo_cap is None:   # one pass over the pickle: only if an index needs it
+                    memo_cap = memo_index_cap(data)
+                if index >= memo_cap:
+                    raise Decline("memo index out of range")
             pos += 5
         elif op == 0x62:  # BUILD: counted, see StubUnpickler.load_or_decline
             toks.builds += 1
