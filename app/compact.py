@@ -17,13 +17,14 @@ import json
 import zlib
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
 from datetime import datetime
 from itertools import repeat
 from json.encoder import c_make_encoder, encode_basestring  # type: ignore[attr-defined]
 from typing import Any, NamedTuple
 
 import sqlalchemy as sa
+
+from ckptguard.core.records import record
 
 # JSONResponse's encoding (starlette.responses.JSONResponse.render): the bytes a client got
 # before reports were streamed.
@@ -199,7 +200,7 @@ def batches(items: Iterable[Any], size: int) -> Iterator[list[Any]]:
         yield batch
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class Prepared:
     """A report encoded for storage, before a write transaction: the CPU-heavy part (JSON,
     compression, key columns) runs outside the store's write lock; what it holds is

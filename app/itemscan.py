@@ -10,9 +10,9 @@ The file is opened once: the sniff's reads are the scan's first.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 
 from ckptguard.core.io.source import ByteSource
+from ckptguard.core.records import record
 from ckptguard.core.report import Report, SourceInfo
 from ckptguard.core.sniff import HEAD_BYTES, Sniffed, sniff
 from ckptguard.core.state import ScanOptions
@@ -24,7 +24,7 @@ MIN_SCAN_BYTES = 8
 _TAIL_BYTES = 65535 + 22   # the longest zip comment plus the end record
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class Skipped:
     """A listed file that is no checkpoint: its sniffed container kind."""
 

@@ -19,8 +19,9 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Protocol
+
+from ckptguard.core.records import record
 
 log = logging.getLogger("ckptguard.jobqueue")
 
@@ -31,7 +32,7 @@ PRIORITY_PUSH = 0           # a webhook delivery
 PRIORITY_BACKFILL = -10     # the periodic reconcile's finds
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class QueueStats:
     """One queue's figures for /metrics."""
 

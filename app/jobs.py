@@ -19,7 +19,6 @@ import signal
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from typing import Any
@@ -28,6 +27,7 @@ from ckptguard.app.worker import Hook, Job, WorkerLimits, main
 from ckptguard.core import __version__
 from ckptguard.core.errors import CkptError, Code
 from ckptguard.core.io.urlguard import UrlGuard
+from ckptguard.core.records import record
 from ckptguard.core.report import Finding, Report, SourceInfo
 
 log = logging.getLogger("ckptguard.jobs")
@@ -36,7 +36,7 @@ _CTX = mp.get_context("spawn")
 STARTUP_TIMEOUT_S = 120.0
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class Outcome:
     """A scan's report (JSON dict) and, if the sandbox stopped it, the code why."""
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass
 from typing import Any, get_args
 
 from ckptguard.app.admission import RETRY, Admission
@@ -22,6 +21,7 @@ from ckptguard.app.store import Cached, Record, Store, policy_key
 from ckptguard.app.worker import Hook
 from ckptguard.core import __version__
 from ckptguard.core.errors import CkptError
+from ckptguard.core.records import record
 from ckptguard.core.report import POLICY
 
 log = logging.getLogger("ckptguard.scan")
@@ -34,7 +34,7 @@ def _callers_source(source: dict[str, Any], info: dict[str, Any]) -> dict[str, A
     return {**source, **{k: info.get(k) for k in ("kind", "name", "url", "size", "sha256")}}
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class Answer:
     """What a scan request gets: its own record, and the report when this request made it
     (still in memory: streamed from there, not read back from the store)."""

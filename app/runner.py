@@ -15,18 +15,18 @@ import resource
 import signal
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from ckptguard.app.targets import ScanItem
 from ckptguard.core.errors import CkptError, Code
+from ckptguard.core.records import field, record
 
 DEFAULT_MEMORY_MB = 2048     # app/settings.py: worker_memory_mb
 DEFAULT_CPU_SECONDS = 120    # app/settings.py: worker_cpu_seconds
 DEFAULT_TIMEOUT_S = 300.0    # app/settings.py: scan_timeout_seconds
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class RunLimits:
     jobs: int
     memory_mb: int = DEFAULT_MEMORY_MB
@@ -36,7 +36,7 @@ class RunLimits:
     inline_single: bool = True
 
 
-@dataclass(slots=True)
+@record(slots=True)
 class ItemResult:
     """One item's outcome: a report, or skipped (no checkpoint), or unreadable (with a report
     that says why, so `--format json` still prints what happened)."""

@@ -22,7 +22,6 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -33,12 +32,13 @@ from alembic.config import Config
 
 from ckptguard.app import compact
 from ckptguard.app.tables import analyses, manifest_chunks, scans, tensor_keys
+from ckptguard.core.records import record
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 MAX_PAGE = 500
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class Record:
     """One request's scan: its own id, time and source, and the analysis it references."""
 
@@ -55,7 +55,7 @@ class Record:
         return {"id": self.id, "created_at": self.created_at.isoformat(), "cached": self.cached}
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class Cached:
     """A stored analysis that a request for the same bytes may reuse."""
 
@@ -67,7 +67,7 @@ class Cached:
     codes: list[str]             # finding codes for the log line (the most severe)
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class Stored:
     """A record with what serving its report needs; the manifest stays in the database."""
 
@@ -85,13 +85,13 @@ class Stored:
         return head
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class Page:
     items: list[dict[str, Any]]
     next_cursor: str | None
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class TensorPage:
     items: list[dict[str, Any]]
     next_cursor: str | None

@@ -19,10 +19,10 @@ import fnmatch
 import os
 import re
 import stat
-from dataclasses import dataclass, field
 from typing import Literal
 
 from ckptguard.core.errors import Code, SourceError
+from ckptguard.core.records import field, record
 
 HF_SCHEME = "hf://"
 DEFAULT_HF_ENDPOINT = "https://huggingface.co"
@@ -34,7 +34,7 @@ class UsageError(Exception):
     """A target the command line cannot even interpret (exit 64, not a verdict)."""
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class ScanItem:
     """One file to scan. `name` is what reports and outputs call it."""
 
@@ -48,7 +48,7 @@ class ScanItem:
     error: SourceError | None = None       # could not even be listed/opened: unreadable
 
 
-@dataclass(slots=True)
+@record(slots=True)
 class Expansion:
     """The items of all targets, in the order given; `many` when the answer is a list."""
 
@@ -56,7 +56,7 @@ class Expansion:
     many: bool = False
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class HubTarget:
     repo_type: Literal["model", "dataset"]
     repo: str

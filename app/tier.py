@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from dataclasses import dataclass, field
 from typing import Any
 
 from ckptguard.app.hub.jobs import HubRunner
@@ -24,6 +23,7 @@ from ckptguard.app.metrics import Metrics
 from ckptguard.app.pipeline import ScanService
 from ckptguard.app.settings import Settings
 from ckptguard.app.urlscans import UrlScanDb, UrlScanRunner
+from ckptguard.core.records import field, record
 
 log = logging.getLogger("ckptguard.tier")
 
@@ -31,7 +31,7 @@ IN_PROCESS_RUNNERS = 2   # revisions / URL scans run at once by the in-process q
 RESTART_PAUSE_S = 2.0    # before procrastinate's worker is started again
 
 
-@dataclass
+@record
 class Tier:
     hub: HubRunner
     urls: UrlScanRunner

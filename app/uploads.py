@@ -17,13 +17,13 @@ import re
 import tempfile
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
 from python_multipart.multipart import MultipartParser, parse_options_header
 
 from ckptguard.app.problems import AppError
+from ckptguard.core.records import record
 
 FIELD = "file"
 MAX_HEADER_BYTES = 16 * 1024    # per part: multipart headers are tiny in practice
@@ -32,7 +32,7 @@ MAX_BOUNDARY = 200              # RFC 2046 allows 70; clients never exceed it, p
 _UNSAFE_NAME = re.compile(r"[\x00-\x1f\x7f]")
 
 
-@dataclass(slots=True)
+@record(slots=True)
 class Upload:
     path: Path                   # the temporary file; the caller deletes it (`discard`)
     size: int

@@ -16,14 +16,15 @@ import pickle
 import resource
 import signal
 import time
-from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any, Literal
+
+from ckptguard.core.records import record
 
 Hook = Literal["sleep", "oom", "crash", "cpu"]
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class Job:
     path: str                             # a local file, or "" with `url`
     info: dict[str, Any]                  # core.report.SourceInfo fields
@@ -39,7 +40,7 @@ class Job:
     verify_crc: bool = False
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class WorkerLimits:
     memory_bytes: int
     cpu_seconds: int

@@ -14,14 +14,14 @@ what could still not be listed is counted in `Report.regions_omitted`.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
-from dataclasses import dataclass
 from itertools import islice
 from operator import add, attrgetter, eq, ge
 from typing import Any, Literal, NamedTuple
 
+from ckptguard.core import records
 from ckptguard.core.errors import Code
+from ckptguard.core.records import record
 from ckptguard.core.report import Finding
 
 RegionKind = Literal[
@@ -66,7 +66,7 @@ class Region(NamedTuple):
         return {"kind": kind, "name": name, "offset": offset, "length": length}
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class ZipSpans:
     """An archive's byte spans, entries sorted by local header offset.
 
@@ -140,7 +140,7 @@ def _with_lengths(findings: list[Finding], regions: list[Region]) -> list[Findin
             length = by_name.get(f.record)
         elif kind is not None and f.offset is not None:
             length = by_offset.get((kind, f.offset))
-        out.append(f if length is None else dataclasses.replace(f, length=length))
+        out.append(f if length is None else records.replace(f, length=length))
     return out
 
 

@@ -12,13 +12,13 @@ inspected for a second pickle.
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ckptguard.core import records
 from ckptguard.core.errors import Code, Decline, LimitExceeded
 from ckptguard.core.pickle.result import VmResult
 from ckptguard.core.pickle.vm import run_vm
+from ckptguard.core.records import record
 from ckptguard.core.state import Analysis
 from ckptguard.core.threats.assess import assess
 from ckptguard.core.torch.allowlist import allowed_checker, torch_split
@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from ckptguard.core.pickle.fast.stubs import FastResult
 
 
-@dataclass(slots=True)
+@record(slots=True)
 class PickleScan:
     weights_only: WeightsOnlyResult
     vm: VmResult
@@ -158,7 +158,7 @@ def _inspect_trailing(data: bytes, pos: int, an: Analysis, *, record: str | None
                    "opcodes together", record=record, offset=base_offset + pos)
             return
         nxt = run_vm(data, start=pos, base_offset=base_offset,
-                     limits=dataclasses.replace(limits, max_opcodes=left))
+                     limits=records.replace(limits, max_opcodes=left))
         left -= nxt.opcode_count
         if isinstance(nxt.error, LimitExceeded):   # fail closed: not judged is not clean
             message = (f"the pickles after STOP run past {limits.max_opcodes} opcodes together"

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
 
 import ml_dtypes
 import numpy as np
@@ -28,6 +27,7 @@ import numpy as np
 from ckptguard.core.errors import CkptError, Code
 from ckptguard.core.io.source import ByteSource, FileSource
 from ckptguard.core.io.urlguard import UrlGuard
+from ckptguard.core.records import field, record
 from ckptguard.core.report import Report, SourceInfo, StorageEntry, TensorEntry
 from ckptguard.core.state import ScanOptions
 from ckptguard.core.torch.dtypes import ITEMSIZE, NUMPY_DTYPE
@@ -59,7 +59,7 @@ def is_url(target: str) -> bool:
     return target.startswith(("http://", "https://"))
 
 
-@dataclass
+@record
 class RemoteCheckpoint:
     """A scanned checkpoint whose tensors can be read on demand (local or remote)."""
 

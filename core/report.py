@@ -6,13 +6,13 @@ Field names are the public contract (README, "The report"); fields may be added,
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple
 
+from ckptguard.core import records
 from ckptguard.core.errors import Code, Effect, Severity
+from ckptguard.core.records import field, record
 
 SCHEMA_VERSION = 1
 SCANNER_NAME = "ckptguard"
@@ -24,7 +24,7 @@ FormatName = Literal["torch-zip", "torch-legacy", "torch-tar", "torchscript", "t
 GlobalStatus = Literal["allowed", "unknown", "dangerous", "benign"]
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class Finding:
     code: Code
     message: str
@@ -39,7 +39,7 @@ class Finding:
                 "length": self.length}
 
 
-@dataclass(slots=True)
+@record(slots=True)
 class GlobalEntry:
     module: str
     name: str
@@ -62,7 +62,7 @@ class GlobalEntry:
 class TensorEntry(NamedTuple):
     """One tensor of the manifest. A NamedTuple: a 100k-tensor report builds 100k of them,
     and core.lane.torch_zip builds them in C (`tuple.__new__` over zipped columns) at a fraction
-    of a dataclass's cost."""
+    of a record's cost (core/records.py)."""
 
     name: str
     path: list[str | int]
@@ -182,7 +182,7 @@ class StorageEntry(NamedTuple):
                 "record": record, "data_offset": data_offset, "offset_verified": offset_verified}
 
 
-@dataclass(slots=True)
+@record(slots=True)
 class WeightsOnly:
     """What torch.load(weights_only=True) of torch 2.13 would do with the file.
 
@@ -200,10 +200,10 @@ class WeightsOnly:
     policy_accepts: bool | None = None   # None until the scan ends: then `loadable` unless set
 
     def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return records.asdict(self)
 
 
-@dataclass(slots=True)
+@record(slots=True)
 class SourceInfo:
     kind: Literal["upload", "url", "file", "hub", "bytes"]
     name: str | None = None
@@ -212,7 +212,7 @@ class SourceInfo:
     sha256: str | None = None
 
 
-@dataclass(slots=True)
+@record(slots=True)
 class Report:
     source: SourceInfo
     format: FormatName = "unknown"
@@ -237,7 +237,7 @@ class Report:
         out: dict[str, Any] = {
             "schema_version": SCHEMA_VERSION,
             "scanner": {"name": SCANNER_NAME, "version": self.scanner_version, "policy": POLICY},
-            "source": dataclasses.asdict(self.source),
+            "source": records.asdict(self.source),
             "format": self.format,
             "verdict": self.verdict,
             "weights_only": self.weights_only.to_json(),

@@ -12,7 +12,6 @@ cut are counted in `regions_omitted`). One LIMIT_REPORT finding
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from collections.abc import Iterable, Sequence
 from itertools import chain
@@ -20,6 +19,7 @@ from json.encoder import encode_basestring_ascii  # type: ignore[attr-defined]
 from operator import countOf, itemgetter
 from typing import Any
 
+from ckptguard.core import records
 from ckptguard.core.errors import Code
 from ckptguard.core.gcpause import collector_paused
 from ckptguard.core.limits import Limits
@@ -148,8 +148,8 @@ def cap_report(report: Report, budget: int, max_name_chars: int) -> Finding | No
     (already appended to the report) if any was cut, else None."""
     wo = report.weights_only
     hint = wo.safe_globals_hint
-    bare = dataclasses.replace(report, globals=[], findings=[], tensors=[], storages=[], regions=[],
-                               weights_only=dataclasses.replace(wo, unsafe_globals=[],
+    bare = records.replace(report, globals=[], findings=[], tensors=[], storages=[], regions=[],
+                               weights_only=records.replace(wo, unsafe_globals=[],
                                                                 safe_globals_hint=None))
     fixed = _size(bare.to_json())
     lists: list[tuple[str, Sequence[Any], Any]] = [

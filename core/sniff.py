@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import re
 import struct
-from dataclasses import dataclass
 from typing import Literal
+
+from ckptguard.core.records import record
 
 Container = Literal["zip", "torch-legacy", "torch-tar", "pickle", "numpy", "safetensors",
                     "empty", "unknown"]
@@ -41,7 +42,7 @@ _PICKLE_FIRST_OPS = frozenset(
     b"\x8f\x90\x91\x92\x93\x94\x95\x96\x97\x98")
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class Sniffed:
     container: Container
     zip_at_tail: bool = False      # an EOCD record near the end (zip or polyglot)

@@ -8,13 +8,13 @@ frozen report lets every layer report what it saw even when a later layer fails.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from ckptguard.core.errors import CkptError, Code, Severity
 from ckptguard.core.filemap import Region as MapRegion
 from ckptguard.core.filemap import ZipSpans
 from ckptguard.core.limits import DEFAULT_LIMITS, Limits
+from ckptguard.core.records import field, record
 from ckptguard.core.report import (
     Finding,
     FormatName,
@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 Engine = Literal["auto", "general", "exact"]
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class ScanOptions:
     """What the caller may choose: extra allowlisted globals (like add_safe_globals) and caps."""
 
@@ -46,7 +46,7 @@ class ScanOptions:
     engine: Engine = "auto"
 
 
-@dataclass(slots=True)
+@record(slots=True)
 class Analysis:
     options: ScanOptions = field(default_factory=ScanOptions)
     format: FormatName = "unknown"

@@ -16,11 +16,12 @@ object that is a call result are recorded on the node, in order.
 from __future__ import annotations
 
 import reprlib
-from dataclasses import dataclass, field
 from typing import Any
 
+from ckptguard.core.records import field, record
 
-@dataclass(frozen=True, slots=True)
+
+@record(frozen=True, slots=True)
 class Global:
     """A reference to `module.name` (after pickle's Python 2 name mapping); never resolved."""
 
@@ -35,7 +36,7 @@ class Global:
         return f"Global({self.full})"
 
 
-@dataclass(eq=False, slots=True)
+@record(eq=False, slots=True)
 class Call:
     """The result of calling `func` (REDUCE, NEWOBJ, NEWOBJ_EX, INST, OBJ) — never performed."""
 
@@ -57,7 +58,7 @@ class Call:
         return f"Call({self.func!r}, {self.opcode}, @{self.offset})"
 
 
-@dataclass(eq=False, slots=True)
+@record(eq=False, slots=True)
 class PersId:
     """A persistent reference (BINPERSID / PERSID): in torch, a storage."""
 
@@ -68,7 +69,7 @@ class PersId:
         return f"PersId({brief(self.pid)})"
 
 
-@dataclass(eq=False, slots=True)
+@record(eq=False, slots=True)
 class ExtRef:
     """EXT1/EXT2/EXT4: a copyreg extension code; the global behind it is unknowable."""
 
@@ -76,7 +77,7 @@ class ExtRef:
     offset: int = -1
 
 
-@dataclass(eq=False, slots=True)
+@record(eq=False, slots=True)
 class Buffer:
     """NEXT_BUFFER / READONLY_BUFFER: out-of-band data the file does not contain."""
 
@@ -84,7 +85,7 @@ class Buffer:
     offset: int = -1
 
 
-@dataclass(eq=False, slots=True)
+@record(eq=False, slots=True)
 class Unhashable:
     """Wraps a value used as a dict key or set member that Python cannot hash (a list)."""
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote, urljoin
 
@@ -31,6 +30,7 @@ from ckptguard.core.errors import Code, SourceError
 from ckptguard.core.io.http import HttpSource, origin_of
 from ckptguard.core.io.urlguard import UrlGuard
 from ckptguard.core.limits import Limits
+from ckptguard.core.records import record
 from ckptguard.core.report import SourceInfo
 from ckptguard.core.sniff import HEAD_BYTES, Sniffed, sniff
 from ckptguard.core.state import ScanOptions
@@ -45,14 +45,14 @@ _LINK_NEXT = re.compile(r'<([^>]+)>\s*;\s*rel="?next"?', re.IGNORECASE)
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class TreeFile:
     path: str
     size: int
     lfs_sha256: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class FileScan:
     """What scanning one file gave: its container and the report (None when skipped)."""
 

@@ -18,7 +18,6 @@ import base64
 import re
 import time
 import uuid
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -27,6 +26,7 @@ from sqlalchemy.exc import IntegrityError
 
 from ckptguard.app.hub.client import TreeFile
 from ckptguard.app.tables import hub_deliveries, hub_files, hub_jobs
+from ckptguard.core.records import record
 
 FINISHED = frozenset({"done", "failed"})
 RESCANNABLE = FINISHED | {"cancelled"}
@@ -35,7 +35,7 @@ PENDING = ("queued", "running")
 VERDICT_RANK = {"safe": 0, "suspicious": 1, "invalid": 2, "unsafe": 3}
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class Delivery:
     job_id: str
     duplicate: bool       # this (repo, ref, sha) was delivered before: nothing new queued

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import hmac
 import re
-from dataclasses import dataclass
 from typing import Any
 
 from ckptguard.app.hub.db import HubDb
 from ckptguard.app.problems import AppError
+from ckptguard.core.records import record
 
 REPO_TYPES = {"model": "model", "models": "model", "dataset": "dataset", "datasets": "dataset"}
 _SEGMENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
@@ -25,7 +25,7 @@ _SHA = re.compile(r"^[0-9a-f]{40}$")
 _REF = re.compile(r"^refs/[A-Za-z0-9._/-]{1,240}$")
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class Target:
     repo_type: str
     repo: str

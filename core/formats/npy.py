@@ -19,7 +19,6 @@ numpy's own checks, so such shapes and their huge strides never reach the manife
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -28,6 +27,7 @@ from ckptguard.core.errors import CkptError, Code, FormatError, LimitExceeded, S
 from ckptguard.core.filemap import add_region
 from ckptguard.core.io.source import ByteSource, BytesSource, WindowSource
 from ckptguard.core.npyheader import declared_header, parse_npy_header
+from ckptguard.core.records import record
 from ckptguard.core.regions.region import declare_entry
 from ckptguard.core.report import TensorEntry, WeightsOnly
 from ckptguard.core.state import Analysis
@@ -48,7 +48,7 @@ _TORCH_NAMES = {
 }
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class NpyHeader:
     version: tuple[int, int]
     shape: tuple[int, ...]

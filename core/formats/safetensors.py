@@ -20,13 +20,13 @@ from __future__ import annotations
 import json
 import re
 import struct
-from dataclasses import dataclass, field
 from typing import Any
 
 from ckptguard.core.errors import Code, FormatError, LimitExceeded
 from ckptguard.core.filemap import add_region
 from ckptguard.core.io.source import ByteSource
 from ckptguard.core.limits import DEFAULT_LIMITS
+from ckptguard.core.records import field, record
 from ckptguard.core.report import TensorEntry, WeightsOnly
 from ckptguard.core.state import Analysis
 from ckptguard.core.torch.dtypes import SAFETENSORS_DTYPE
@@ -56,7 +56,7 @@ class _Pairs(list[tuple[str, Any]]):
     """A JSON object as its (key, value) pairs in document order (duplicates kept)."""
 
 
-@dataclass(slots=True)
+@record(slots=True)
 class StTensor:
     name: str
     dtype: str                 # safetensors tag, e.g. "F32"
@@ -65,7 +65,7 @@ class StTensor:
     end: int
 
 
-@dataclass(slots=True)
+@record(slots=True)
 class StHeader:
     header_len: int
     tensors: list[StTensor] = field(default_factory=list)   # sorted by (begin, end)

@@ -16,7 +16,6 @@ main pickle, key list, then per-block size and EOF checks, in torch's words.
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ckptguard.core import sniff
@@ -28,6 +27,7 @@ from ckptguard.core.judge import PickleScan, scan_pickle
 from ckptguard.core.pickle.renames import torch_map
 from ckptguard.core.pickle.vm import run_vm
 from ckptguard.core.pickle.window import PickleWindow
+from ckptguard.core.records import record
 from ckptguard.core.state import Analysis
 from ckptguard.core.threats.assess import assess
 from ckptguard.core.torch.answer import set_weights_only
@@ -127,7 +127,7 @@ def analyze(source: ByteSource, an: Analysis) -> None:
     stream.run()
 
 
-@dataclass(slots=True)
+@record(slots=True)
 class _Block:
     """What the main pickle says about one storage key."""
 

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import re
 import struct
-from dataclasses import dataclass
 
 from ckptguard.core.errors import Code, LimitExceeded
 from ckptguard.core.io.source import ByteSource
 from ckptguard.core.judge import scan_pickle
 from ckptguard.core.pickle.renames import torch_map
 from ckptguard.core.pickle.window import PickleWindow
+from ckptguard.core.records import record
 from ckptguard.core.regions.region import declare
 from ckptguard.core.report import WeightsOnly
 from ckptguard.core.sniff import TAR_BLOCK as BLOCK
@@ -34,7 +34,7 @@ TAR_ERROR = ("Cannot use ``weights_only=True`` with files saved in the legacy .t
 _ITEM_WINDOW = 1 << 16
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class TarMember:
     name: str
     type: bytes

@@ -11,13 +11,13 @@ against the zip headers; the weights themselves are never read.
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping
-from dataclasses import dataclass
 
 from ckptguard.core.errors import CkptError, Code
 from ckptguard.core.io.source import ByteSource
 from ckptguard.core.judge import scan_pickle
 from ckptguard.core.manifest.build import SiteTable, StorageSite, build_manifest
 from ckptguard.core.pickle.renames import torch_map
+from ckptguard.core.records import record
 from ckptguard.core.regions.region import RegionKind, declare_entry
 from ckptguard.core.state import Analysis
 from ckptguard.core.torch.answer import set_weights_only
@@ -125,7 +125,7 @@ def missing_record_error(name: str) -> TorchError:
                       + _MINIZ_HINT)
 
 
-@dataclass(slots=True)
+@record(slots=True)
 class ZipStorageResolver:
     """What `load_tensor` finds in the archive for `data/<key>` (torch's container checks)."""
 
@@ -351,12 +351,12 @@ def _container_error(directory: ZipDirectory, prefix: str, meta: Mapping[str, by
     if is_torchscript:
         return TorchError("RuntimeError", "Cannot use ``weights_only=True`` with TorchScript "
                           "archives passed to ``torch.load``. " + UNSAFE_MESSAGE)
-    for record in (".format_version", "byteorder", ".storage_alignment"):
-        if record in has:
-            error = record_error(directory, prefix, record, unreadable)
+    for member in (".format_version", "byteorder", ".storage_alignment"):
+        if member in has:
+            error = record_error(directory, prefix, member, unreadable)
             if error is not None:
                 return error
-        if record == "byteorder":
+        if member == "byteorder":
             error = layout_error({k: v for k, v in meta.items() if k == "byteorder"})
             if error is not None:
                 return error

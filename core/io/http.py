@@ -37,7 +37,6 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urljoin, urlsplit
 
@@ -51,6 +50,7 @@ from ckptguard.core.io.source import IoStats, check_span
 from ckptguard.core.io.spancache import SpanCache, coalesce
 from ckptguard.core.io.urlguard import UrlGuard
 from ckptguard.core.limits import DEFAULT_LIMITS, Limits
+from ckptguard.core.records import record
 from ckptguard.core.zip.layout import (
     peek_central_directory,
     peek_first_central_entry,
@@ -155,7 +155,7 @@ def origin_of(url: str) -> tuple[str, str, int | None]:
 
 # --- one wanted range --------------------------------------------------------------------
 
-@dataclass(slots=True)
+@record(slots=True)
 class _Want:
     """What one request asks for: [start, end) or the last `suffix` bytes.
 

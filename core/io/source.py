@@ -14,16 +14,16 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from itertools import compress, repeat
 from operator import add, lt, not_
 from typing import Protocol, runtime_checkable
 
 from ckptguard.core.errors import Code, SourceError
 from ckptguard.core.io.spancache import SpanCache
+from ckptguard.core.records import record
 
 
-@dataclass(slots=True)
+@record(slots=True)
 class IoStats:
     """What a source has read so far: bytes and read requests (HTTP requests for URLs)."""
 

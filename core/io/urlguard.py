@@ -23,10 +23,10 @@ from __future__ import annotations
 import ipaddress
 import socket
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from ckptguard.core.errors import Code, SourceError
+from ckptguard.core.records import field, record
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -92,7 +92,7 @@ def _split_allowlist(entries: Iterable[str]) -> tuple[tuple[IPNetwork, ...], fro
     return tuple(nets), frozenset(hosts)
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class UrlGuard:
     """The SSRF policy: public addresses only, unless `allow_private` or an allowlist entry says so.
 

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
 from functools import cached_property, partial
 from itertools import repeat
 from operator import add, and_, floordiv, gt, is_, mul, not_
@@ -51,6 +50,7 @@ from ckptguard.core.pickle.fast.column_stubs import (
 from ckptguard.core.pickle.fast.containers import CheckedDict, CheckedList
 from ckptguard.core.pickle.fast.tokenize import Tokens, global_uses
 from ckptguard.core.pickle.result import VmResult
+from ckptguard.core.records import record
 from ckptguard.core.report import StorageEntry, TensorEntry, join_name
 from ckptguard.core.state import Analysis
 from ckptguard.core.threats.assess import assess
@@ -94,7 +94,7 @@ def try_torch_zip(source: ByteSource, an: Analysis) -> bool:
     return True
 
 
-@dataclass(slots=True)
+@record(slots=True)
 class _Result:
     """Everything the report needs; written into the Analysis only once all checks passed."""
 

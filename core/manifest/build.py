@@ -56,13 +56,13 @@ general one (tests/core/manifest).
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ckptguard.core.errors import Code, LimitExceeded
 from ckptguard.core.gcpause import collector_paused
 from ckptguard.core.manifest.keynames import segment
 from ckptguard.core.pickle.vm import hashable_key
+from ckptguard.core.records import record
 from ckptguard.core.report import StorageEntry, TensorEntry, join_name
 from ckptguard.core.state import Analysis
 from ckptguard.core.torch.dtypes import (
@@ -74,7 +74,7 @@ from ckptguard.core.torch.tensor_build import TensorView
 from ckptguard.core.values import Call, Global, PersId, brief
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class StorageSite:
     """Where a storage's bytes are, as the container knows it."""
 
@@ -103,7 +103,7 @@ class NoStorages:
         return None
 
 
-@dataclass(slots=True)
+@record(slots=True)
 class SiteTable:
     """A locator over a ready table of sites (what the container layer computed)."""
 
@@ -123,7 +123,7 @@ _BASES = frozenset({"_rebuild_tensor", "_rebuild_tensor_v2", "_rebuild_tensor_v3
 FROM_TYPE_V2 = Global("torch._tensor", "_rebuild_from_type_v2")
 REBUILDERS: frozenset[Global] = frozenset(
     {Global(_UTILS, n) for n in _WRAPPERS | _BASES} | {FROM_TYPE_V2})
-# (module, name) pairs: tuple-of-str hashing is C-fast, a dataclass __hash__ is not
+# (module, name) pairs: tuple-of-str hashing is C-fast, a record's __hash__ is not
 _REBUILD_PAIRS = frozenset((g.module, g.name) for g in REBUILDERS)
 _MAX_WRAPPERS = 16          # torch itself nests at most parameter(from_type(v2))
 _SPARSE_LAYOUTS = {"torch.sparse_coo": ("indices", "values"),
@@ -140,7 +140,7 @@ class _Bad(Exception):
 
 # A resolved storage: (entry, itemsize, limit, storage class). `limit` is the bytes a view
 # may reach: min(declared, record size). A plain tuple: one per storage, 100k of them in a
-# big state_dict, and a tuple costs a tenth of a dataclass to build (bench/manifest_bench.py).
+# big state_dict, and a tuple costs a tenth of a record to build (bench/manifest_bench.py).
 _Storage = tuple[StorageEntry, int, int, Any]
 
 

@@ -29,10 +29,10 @@ import string
 import unicodedata
 import zlib
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from ckptguard.core.limits import Limits
+from ckptguard.core.records import record
 from ckptguard.core.values import Buffer, Call, ExtRef, Global, PersId
 
 __all__ = ["FoldBudget", "Unfoldable", "fold", "is_computed", "render"]
@@ -42,7 +42,7 @@ class Unfoldable(Exception):
     """The value cannot be evaluated statically; the message says why."""
 
 
-@dataclass(slots=True)
+@record(slots=True)
 class FoldBudget:
     """Steps left for every fold of one pickle (evaluation and the mutation walk)."""
 
@@ -57,14 +57,14 @@ def is_computed(value: Any) -> bool:
 
 # -- fold-internal callables --------------------------------------------------------------
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class _Func:
     """A function of the pure table (`base64.b64decode`, `builtins.str.join`)."""
 
     name: str
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class _Bound:
     """`getattr(receiver, method)` on a str/bytes constant."""
 
@@ -72,31 +72,31 @@ class _Bound:
     method: str
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class _Partial:
     func: Any
     args: tuple[Any, ...]
     kwargs: tuple[tuple[str, Any], ...]
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class _MethodCaller:
     method: str
     args: tuple[Any, ...]
     kwargs: tuple[tuple[str, Any], ...]
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class _ItemGetter:
     items: tuple[Any, ...]
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class _AttrGetter:
     name: str
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class _Iterator:
     """What reversed()/map() return: only something that iterates it may consume it."""
 

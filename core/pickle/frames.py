@@ -23,9 +23,9 @@ from __future__ import annotations
 
 import bisect
 import struct
-from dataclasses import dataclass
 
 from ckptguard.core.pickle.opcodes import OPCODES
+from ckptguard.core.records import record
 
 _LEN = {  # argument kind -> (bytes of the length prefix, struct format) of length-prefixed args
     "string1": (1, "<B"), "bytes1": (1, "<B"), "unicodestring1": (1, "<B"), "long1": (1, "<B"),
@@ -95,7 +95,7 @@ def _next_opcode(data: bytes, pos: int) -> int | None:
     return end + 1
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class FileView:
     """The opcodes pickle.load(file) runs, in its order, FRAMEs left out: a linear pickle."""
 

@@ -15,16 +15,16 @@ FLOAT, STRING, UNICODE, GET/PUT) are decoded here exactly as CPython's
 from __future__ import annotations
 
 import codecs
-from dataclasses import dataclass
 
 from ckptguard.core.errors import Code, FormatError
+from ckptguard.core.records import record
 
 # CPython's default int<->str conversion cap (sys.int_info.default_max_str_digits).
 # Fixed here so a process that disables the cap (0) cannot make us quadratic.
 MAX_INT_DIGITS = 4300
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class OpInfo:
     """One opcode: its byte, pickletools name, pickletools argument kind, first protocol."""
 

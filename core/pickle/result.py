@@ -7,14 +7,14 @@ lives apart from the VM so that a fast path's result does not load the interpret
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 from ckptguard.core.errors import CkptError, Code
+from ckptguard.core.records import field, record
 from ckptguard.core.values import Call, PersId
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class GlobalUse:
     """One global reference made by the pickle (GLOBAL, STACK_GLOBAL or INST)."""
 
@@ -26,7 +26,7 @@ class GlobalUse:
     offset: int        # absolute offset (base_offset + pos) of the opcode
 
 
-@dataclass(slots=True)
+@record(slots=True)
 class VmResult:
     """What one pickle did, as far as it got."""
 

@@ -31,7 +31,6 @@ from __future__ import annotations
 import re
 import struct
 from collections.abc import Callable
-from dataclasses import replace
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -51,6 +50,7 @@ from ckptguard.core.pickle.opcodes import (
 )
 from ckptguard.core.pickle.renames import python_map
 from ckptguard.core.pickle.result import GlobalUse, VmResult
+from ckptguard.core.records import replace
 from ckptguard.core.values import Buffer, Call, ExtRef, Global, PersId, Unhashable
 
 if TYPE_CHECKING:

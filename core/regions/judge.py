@@ -22,7 +22,6 @@ budget cannot pay for is REGION_UNJUDGED (suspicious), never read whole and neve
 from __future__ import annotations
 
 import zlib
-from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 from ckptguard.core.errors import CkptError, Code, Effect, LimitExceeded, SourceError
@@ -30,6 +29,7 @@ from ckptguard.core.io.source import ByteSource, BytesSource, WindowSource
 from ckptguard.core.limits import Limits
 from ckptguard.core.pickle.result import GlobalUse, VmResult
 from ckptguard.core.pickle.vm import DOTTED_NAME, run_vm
+from ckptguard.core.records import record, replace
 from ckptguard.core.regions.region import Region
 from ckptguard.core.sniff import NUMPY_MAGIC, ZIP_LOCAL_MAGIC, looks_like_pickle
 from ckptguard.core.state import Analysis
@@ -37,7 +37,7 @@ from ckptguard.core.threats.assess import assess, classify_global
 from ckptguard.core.zip.layout import FLAG_DESCRIPTOR, LOCAL_SIZE
 
 
-@dataclass(slots=True)
+@record(slots=True)
 class _Budget:
     """What the regions of one scan may still read and how many may still be judged."""
 

@@ -20,13 +20,13 @@ the call graph statically).
 from __future__ import annotations
 
 import unicodedata
-from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Literal
 
 from ckptguard.core.errors import Code, Severity
 from ckptguard.core.pickle.renames import python_map, torch_map
 from ckptguard.core.pickle.result import GlobalUse, VmResult
+from ckptguard.core.records import record
 from ckptguard.core.report import GlobalStatus
 from ckptguard.core.state import Analysis
 from ckptguard.core.threats.graph import module_pid_class, payload, preview, resolve_path
@@ -51,7 +51,7 @@ _PLANTED_DUNDERS = tuple(sorted(DANGEROUS_DUNDERS - {"__dict__"}))
 _PICKLE_STARTS = frozenset(bytes([b]) for b in b"\x80(]}cN)IJKVX")   # PROTO or a protocol 0/1 start
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class Threat:
     """The knowledge base's judgement of one global."""
 

@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
 from itertools import accumulate, chain, repeat
 from operator import contains, mul, sub
 from typing import Any
 
 from ckptguard.core.errors import Decline
 from ckptguard.core.pickle.fast.containers import CheckedDict, OrderedDictStub
+from ckptguard.core.records import record
 from ckptguard.core.torch.dtypes import FLOATING, ITEMSIZE, PACKED_PER_BYTE, UNTYPED_STORAGES, storage_dtype
 from ckptguard.core.values import Call, Global, PersId
 
@@ -134,7 +134,7 @@ class Capacity:
         self.nbytes = nbytes
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class StorageInfo:
     """What torch's persistent_load returned: a TypedStorage of `dtype` over `nbytes` bytes."""
 

@@ -30,9 +30,9 @@ sizes and offsets `set_args`/`check_view` leave Unmodelled for every rebuild too
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
 from typing import Any
 
+from ckptguard.core.records import record, replace
 from ckptguard.core.torch.dtypes import FLOATING, ITEMSIZE, PACKED_PER_BYTE
 from ckptguard.core.torch.rules import (
     NO_GRAD_SETTER,
@@ -48,7 +48,7 @@ from ckptguard.core.torch.rules import (
 from ckptguard.core.values import Call, PersId
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class TensorView:
     """A plain dense tensor as torch holds it: a view of `dtype` on a storage."""
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import functools
 import re
-from dataclasses import dataclass
+
+from ckptguard.core.records import record
 
 UNSAFE_MESSAGE = (
     "In PyTorch 2.6, we changed the default value of the `weights_only` argument in `torch.load` "
@@ -37,7 +38,7 @@ def wo_message(message: str) -> str:
     return text + "\n\n" + message + DOCS_MESSAGE
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class TorchError:
     """The exception torch.load would raise: class name, inner message, opcode offset."""
 

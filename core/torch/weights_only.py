@@ -28,13 +28,13 @@ from __future__ import annotations
 
 import re
 import struct
-from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ckptguard.core.gcpause import collector_paused
 from ckptguard.core.limits import DEFAULT_LIMITS, Limits
 from ckptguard.core.pickle.opcodes import BY_NAME
 from ckptguard.core.pickle.renames import last_dot_split, torch_map
+from ckptguard.core.records import field, record
 from ckptguard.core.torch.allowlist import (
     ALLOWED_GLOBALS,
     BASELINE_USER_GLOBALS,
@@ -88,7 +88,7 @@ class StorageResolver(Protocol):
     def check(self, key: str, nbytes: int) -> TorchError | None: ...
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class StorageUse:
     key: str
     storage_type: str
@@ -99,7 +99,7 @@ class StorageUse:
     offset: int
 
 
-@dataclass(slots=True)
+@record(slots=True)
 class WeightsOnlyResult:
     loadable: bool
     error: TorchError | None

@@ -31,7 +31,6 @@ import re
 import struct
 from bisect import bisect_left
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from itertools import accumulate, chain, compress, repeat
 from operator import add, gt, itemgetter, sub
 from typing import TypeVar
@@ -39,6 +38,7 @@ from typing import TypeVar
 from ckptguard.core.errors import CkptError, Decline
 from ckptguard.core.io.source import COALESCE_MAX, ByteSource
 from ckptguard.core.limits import Limits
+from ckptguard.core.records import field, record
 from ckptguard.core.zip.endrecord import find_eocd, read_tail
 from ckptguard.core.zip.layout import (
     CENTRAL_SIG,
@@ -91,7 +91,7 @@ def writer_data_offsets(header: list[int], name_len: Sequence[int], alignment: i
     return [offset + (-offset % alignment) for offset in start]   # rounded up
 
 
-@dataclass(slots=True)
+@record(slots=True)
 class PlainArchive:
     """Columns of a clean torch-writer archive, one row per entry in central order."""
 

@@ -11,10 +11,10 @@ then compared with the zip headers, as torch does under TORCH_SERIALIZATION_DEBU
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ckptguard.core.errors import Code, FormatError
+from ckptguard.core.records import record
 from ckptguard.core.state import Analysis
 from ckptguard.core.zip.layout import LOCAL_SIZE, U32_MAX
 
@@ -82,7 +82,7 @@ def written_by_torch(local: LocalHeader, size: int, alignment: int) -> bool:
         int.from_bytes(extra[fb + 2:fb + 4], "little") == len(extra) - fb - FB_HEADER_SIZE
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class ChainedOffset:
     """One storage record placed by the chain: its local header and its first data byte."""
 

@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 
 from ckptguard.core.filemap import ZipSpans
+from ckptguard.core.records import record
 from ckptguard.core.zip.directory import LocalHeader, ZipDirectory
 from ckptguard.core.zip.layout import FLAG_DESCRIPTOR, LOCAL_SIZE
 from ckptguard.core.zip.offsets import descriptor_size
 
 
-@dataclass(slots=True)
+@record(slots=True)
 class _Row:
     header: int
     data: int      # where the bytes begin (a lower bound until placed, when not `known`)

@@ -11,10 +11,9 @@ need tens of megabytes by default, so they are shown with smaller limits.
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 
+from ckptguard.core import records
 from ckptguard.core.judge import SMALL_PICKLE_BYTES
 from ckptguard.core.limits import DEFAULT_LIMITS
 from tests.agreement import assert_agree
@@ -64,6 +63,6 @@ _PAST_A_CAP = {
 def test_a_pickle_past_any_interpreter_cap_gets_one_report(cap: str) -> None:
     pkl, field = _PAST_A_CAP[cap]
     assert len(pkl) >= SMALL_PICKLE_BYTES
-    limits = dataclasses.replace(DEFAULT_LIMITS, **{field: 1_000})
+    limits = records.replace(DEFAULT_LIMITS, **{field: 1_000})
     report = assert_agree(pkl, limits=limits)
     assert report["verdict"] == "invalid"

@@ -7,7 +7,6 @@ the file exactly, and every anomalous range is one region whose finding carries 
 
 from __future__ import annotations
 
-import dataclasses
 import io
 import json
 import struct
@@ -19,7 +18,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ckptguard.core import filemap
+from ckptguard.core import filemap, records
 from ckptguard.core.filemap import ZipSpans
 from ckptguard.core.io.source import BytesSource
 from ckptguard.core.limits import Limits
@@ -187,7 +186,7 @@ def test_findings_without_bytes_have_no_length() -> None:
                        "STOP")).to_json()
     assert report["verdict"] == "unsafe"
     assert all(f["length"] is None for f in report["findings"])
-    assert dataclasses.fields(Report)   # the report class keeps its dataclass form
+    assert records.fields(Report)   # the report class keeps its record form
 
 
 @st.composite

@@ -4,12 +4,12 @@ held until the worker's wall-clock limit. The per-read timeout alone never fires
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Iterator
 
 import pytest
 
+from ckptguard.core import records
 from ckptguard.core.errors import Code, SourceError
 from ckptguard.core.io.http import HttpSource
 from ckptguard.core.limits import Limits
@@ -26,7 +26,7 @@ def trickling_server() -> Iterator[str]:
 
 
 def test_a_trickling_body_is_cut_by_the_minimum_rate(trickling_server: str) -> None:
-    limits = dataclasses.replace(Limits(), transfer_grace_seconds=1.0, min_transfer_rate=1024)
+    limits = records.replace(Limits(), transfer_grace_seconds=1.0, min_transfer_rate=1024)
     started = time.monotonic()
     with pytest.raises(SourceError) as caught:
         HttpSource(trickling_server, limits=limits, retries=0, timeout=30.0, speculate=False)

@@ -3,12 +3,12 @@ budget, and never calls an otherwise clean file `invalid` because of it."""
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from ckptguard.core import records
 from ckptguard.core.errors import Code
 from ckptguard.core.limits import DEFAULT_LIMITS
 from ckptguard.core.scan import scan_bytes
@@ -16,7 +16,7 @@ from ckptguard.core.state import ScanOptions
 from tests.builders.carriers import CARRIERS
 from tests.builders.pickle_asm import OPCODES
 
-LIMITS = dataclasses.replace(DEFAULT_LIMITS, max_region_bytes=6000, region_sniff_bytes=512,
+LIMITS = records.replace(DEFAULT_LIMITS, max_region_bytes=6000, region_sniff_bytes=512,
                              max_regions=8)
 # carriers whose region is outside the archive's own records: the rest of the file is clean
 REGION_ONLY = ("appended", "gap_between_records", "unreferenced_record", "unreferenced_deflated",

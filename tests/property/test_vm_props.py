@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import io
 import math
@@ -13,6 +12,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from ckptguard.core import records
 from ckptguard.core.errors import FormatError, LimitExceeded
 from ckptguard.core.limits import DEFAULT_LIMITS
 from ckptguard.core.pickle.opcodes import BY_NAME
@@ -20,7 +20,7 @@ from ckptguard.core.pickle.result import VmResult
 from ckptguard.core.pickle.vm import run_vm
 from tests.builders.pickle_asm import asm
 
-SMALL = dataclasses.replace(DEFAULT_LIMITS, max_opcodes=20_000, max_str_bytes=1 << 20, max_depth=500,
+SMALL = records.replace(DEFAULT_LIMITS, max_opcodes=20_000, max_str_bytes=1 << 20, max_depth=500,
                             max_memo_entries=5_000, max_stack=20_000, max_container_items=20_000)
 PROPS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -8,7 +8,6 @@ the region (kind, offset, record). The same carriers with a harmless pickle stay
 
 from __future__ import annotations
 
-import dataclasses
 import io
 import pickle
 import zipfile
@@ -17,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from ckptguard.core import records
 from ckptguard.core.errors import Code, Effect
 from ckptguard.core.limits import DEFAULT_LIMITS
 from ckptguard.core.report import Report
@@ -176,7 +176,7 @@ def test_a_huge_pickle_like_region_is_not_read_whole(tmp_path: Path) -> None:
     only to the budget, then the region is REGION_UNJUDGED (suspicious, not invalid)."""
     path = tmp_path / "big.pt"
     huge_gap(path, asm(("PROTO", 2), ("RAW", b"X" + (100 << 20).to_bytes(4, "little"))))
-    limits = dataclasses.replace(DEFAULT_LIMITS, max_region_bytes=1 << 20)
+    limits = records.replace(DEFAULT_LIMITS, max_region_bytes=1 << 20)
     report = scan_path(path, options=ScanOptions(limits=limits))
     assert report.verdict == "suspicious", report.findings
     assert report.io["region_bytes_read"] <= limits.max_region_bytes
@@ -211,7 +211,7 @@ def test_a_200000_member_archive_is_judged_up_to_the_budget() -> None:
 
 
 def test_budget_spent_leaves_the_rest_unjudged_not_invalid() -> None:
-    limits = dataclasses.replace(DEFAULT_LIMITS, max_regions=1)
+    limits = records.replace(DEFAULT_LIMITS, max_regions=1)
     data = build_zip([Member("a/data.pkl", HARMLESS), Member("a/x", PAYLOAD),
                       Member("a/y", PAYLOAD)])
     report = scan_bytes(data, options=ScanOptions(limits=limits))
@@ -228,7 +228,7 @@ def test_a_deflate_bomb_region_inflates_only_what_judging_needs() -> None:
     bomb = compressor.compress(body) + compressor.flush()
     data = build_zip([Member(f"{PREFIX}/data.pkl", HARMLESS), Member(f"{PREFIX}/version", b"3\n"),
                       Member(f"{PREFIX}/extra.pkl", body, method=8, payload=bomb)])
-    limits = dataclasses.replace(DEFAULT_LIMITS, max_region_bytes=1 << 20)
+    limits = records.replace(DEFAULT_LIMITS, max_region_bytes=1 << 20)
     report = scan_bytes(data, options=ScanOptions(limits=limits))
     assert report.verdict == "suspicious", report.findings
     assert report.io["region_bytes_read"] <= len(bomb)
@@ -249,7 +249,7 @@ def test_a_remote_scan_judges_regions_in_two_more_round_trips() -> None:
     assert len(data) > 500_000   # the payload is neither in the head nor in the tail read
     trips = {}
     for max_regions in (0, DEFAULT_LIMITS.max_regions):
-        limits = dataclasses.replace(DEFAULT_LIMITS, max_regions=max_regions)
+        limits = records.replace(DEFAULT_LIMITS, max_regions=max_regions)
         with RangeServer({"/m.pt": data}) as srv, \
                 HttpSource(srv.url("/m.pt"), guard=UrlGuard(allowlist=("127.0.0.1",))) as src:
             report = scan_source(src, options=ScanOptions(limits=limits))

@@ -26,13 +26,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 from ckptguard.core.errors import CkptError, Code, FormatError, LimitExceeded, Severity, SourceError
 from ckptguard.core.formats.export.expressions import code_evidence, iter_exprs, plain_problem
 from ckptguard.core.formats.export.verifier import verify_program
 from ckptguard.core.io.source import ByteSource, BytesSource
+from ckptguard.core.records import field, record
 from ckptguard.core.report import Report, StorageEntry, TensorEntry, WeightsOnly
 from ckptguard.core.state import Analysis, ScanOptions
 from ckptguard.core.torch.dtypes import EXPORT_SCALAR_TYPE, ITEMSIZE
@@ -48,7 +48,7 @@ CONSTANTS_DIR = "data/constants/"
 NestedScan = Callable[[ByteSource, ScanOptions], Report]
 
 
-@dataclass(slots=True)
+@record(slots=True)
 class _Archive:
     source: ByteSource
     directory: ZipDirectory

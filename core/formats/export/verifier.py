@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
 from typing import Any
+
+from ckptguard.core.records import record
 
 # verifier.py `_allowed_builtin_ops` + `_allowed_torch_functions`, as serialized names
 ALLOWED_BUILTIN_TARGETS = frozenset(
@@ -39,7 +40,7 @@ _OP_RE = re.compile(rf"torch\.ops\.{_IDENT}\.{_IDENT}\.{_IDENT}\Z")
 _HOP_RE = re.compile(r"torch\.ops\.higher_order\.[A-Za-z_][A-Za-z0-9_]*\Z")
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class Violation:
     rule: str                  # stable rule id, e.g. "inputs-match-specs"
     message: str

@@ -28,13 +28,13 @@ exact interpreters, so this path can only be faster, never different.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from ckptguard.core.errors import Decline
 from ckptguard.core.limits import DEFAULT_LIMITS
 from ckptguard.core.pickle.fast.containers import BuildLedger, CheckedDict
 from ckptguard.core.pickle.fast.tokenize import StubUnpickler, Tokens, tokenize
+from ckptguard.core.records import record
 
 
 class StubGlobal(tuple[str, str]):
@@ -96,7 +96,7 @@ _REBUILD_STUBS: dict[tuple[str, str], type[RebuildCall]] = {
 }
 
 
-@dataclass(slots=True)
+@record(slots=True)
 class Loaded:
     root: Any
     tokens: Tokens

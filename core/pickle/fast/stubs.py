@@ -23,13 +23,13 @@ exact path would also load, and gives the same globals, storages and graph shape
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from ckptguard.core.errors import Decline
 from ckptguard.core.limits import DEFAULT_LIMITS
 from ckptguard.core.pickle.fast.containers import BuildLedger, OrderedDictStub
 from ckptguard.core.pickle.fast.tokenize import StubUnpickler, Tokens, tokenize
+from ckptguard.core.records import record
 from ckptguard.core.values import Call, Global, PersId
 
 __all__ = ["FastResult", "OrderedDictStub", "Tokens", "fast_load", "tokenize"]
@@ -81,7 +81,7 @@ def _make_stub(node: Global, calls: list[Call], builds: BuildLedger,
     return StubMeta(node.name, (GlobalStub,), {"node": node, "reduce": classmethod(reduce)})
 
 
-@dataclass(slots=True)
+@record(slots=True)
 class FastResult:
     root: Any
     tokens: Tokens

@@ -23,7 +23,6 @@ import pickle
 import re
 import struct
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from ckptguard.core.errors import Decline
@@ -32,6 +31,7 @@ from ckptguard.core.limits import DEFAULT_LIMITS
 from ckptguard.core.pickle.fast.containers import BuildLedger, CheckedDict, CheckedList
 from ckptguard.core.pickle.renames import last_dot_split, python_map, torch_map
 from ckptguard.core.pickle.result import GlobalUse
+from ckptguard.core.records import field, record
 
 # The C unpickler keeps its memo in an array that grows to twice the largest index put (16
 # bytes per index): a LONG_BINPUT at a large index in a short pickle costs memory the pickle
@@ -135,7 +135,7 @@ _U32 = struct.Struct("<I")
 _REWRITES = {0x5D: b"c__ckptguard__\nlist\n)R", 0x7D: b"c__ckptguard__\ndict\n)R"}
 
 
-@dataclass(slots=True)
+@record(slots=True)
 class Tokens:
     """What the opcode walk learned about one pickle."""
 

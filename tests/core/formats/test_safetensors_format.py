@@ -146,10 +146,10 @@ def test_json_error_offset_points_into_the_header() -> None:
 
 def test_a_lowered_header_limit_reaches_the_safetensors_parser() -> None:
     """Limits.max_header_bytes is ours: below the library's own 100 MB it fails closed."""
-    import dataclasses
     import json
     import struct
 
+    from ckptguard.core import records
     from ckptguard.core.io.source import BytesSource
     from ckptguard.core.limits import Limits
     from ckptguard.core.scan import scan_source
@@ -158,7 +158,7 @@ def test_a_lowered_header_limit_reaches_the_safetensors_parser() -> None:
     header = json.dumps({"t": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}).encode()
     data = struct.pack("<Q", len(header)) + header + b"\0" * 4
     assert scan_source(BytesSource(data)).verdict == "safe"
-    low = ScanOptions(limits=dataclasses.replace(Limits(), max_header_bytes=len(header) - 1))
+    low = ScanOptions(limits=records.replace(Limits(), max_header_bytes=len(header) - 1))
     report = scan_source(BytesSource(data), options=low)
     assert report.verdict == "invalid"
     assert [f.code for f in report.findings] == ["LIMIT_HEADER"]

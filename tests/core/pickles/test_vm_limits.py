@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 
+from ckptguard.core import records
 from ckptguard.core.errors import Code, FormatError, LimitExceeded
 from ckptguard.core.limits import DEFAULT_LIMITS
 from ckptguard.core.pickle.vm import hashable_key, run_vm
@@ -22,7 +21,7 @@ def depth(value: object) -> int:
 
 
 def lim(**kw: int):  # type: ignore[no-untyped-def]
-    return dataclasses.replace(DEFAULT_LIMITS, **kw)
+    return records.replace(DEFAULT_LIMITS, **kw)
 
 
 def err(data: bytes, **kw: int) -> tuple[Code, int | None]:

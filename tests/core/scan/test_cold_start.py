@@ -29,7 +29,9 @@ _NOT_FOR_A_PICKLE = ("numpy", "hashlib", "pickletools", "httpx", "ckptguard.core
                      "ckptguard.core.pickle.fast.tokenize", "ckptguard.core.pickle.fast.stubs",
                      "ckptguard.core.pickle.fold",
                      # hf:// targets' libraries (urllib.parse loads ipaddress too)
-                     "pathlib", "urllib", "ipaddress")
+                     "pathlib", "urllib", "ipaddress",
+                     # records are not dataclasses (core/records.py): dataclasses loads these
+                     "dataclasses", "inspect", "ast", "dis")
 ROOT = Path(__file__).resolve().parents[3]
 
 
@@ -59,7 +61,8 @@ _NOT_FOR_A_CLEAN_TORCH_ZIP = ("ckptguard.core.formats", "ckptguard.core.judge",
                               "ckptguard.core.torch.tensor_build", "ckptguard.core.torch.user_models",
                               "ckptguard.core.manifest.build", "ckptguard.core.zip.directory",
                               "ckptguard.core.pickle.opcodes",
-                              "ckptguard.core.zip.checks", "ckptguard.core.regions.judge")
+                              "ckptguard.core.zip.checks", "ckptguard.core.regions.judge",
+                              "dataclasses", "inspect")
 _SCAN_IN_A_FRESH_PROCESS = {
     "scan_path": ("from ckptguard.core.scan import scan_path\n"
                   "report = scan_path({path!r})\n"

@@ -355,9 +355,8 @@ def test_sevenzip_picks_the_first_or_the_last_of_a_duplicate_name(tmp_path: Path
 def test_duplicates_past_the_comparison_budget_stay_evidence() -> None:
     """Not compared is not proven identical: past Limits.max_duplicate_bytes the duplicates of
     a name stay ZIP_DUPLICATE_NAME, and the message says why."""
-    from dataclasses import replace
-
     from ckptguard.core.limits import DEFAULT_LIMITS
+    from ckptguard.core.records import replace
     from ckptguard.core.state import ScanOptions
 
     blob = build_zip([Member("ex/data.pkl", b"\x80\x02N."), Member("ex/data/0", DATA),

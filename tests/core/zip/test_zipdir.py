@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import io
 import struct
 import zipfile
@@ -12,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from ckptguard.core import records
 from ckptguard.core.errors import CkptError, Code, FormatError, LimitExceeded
 from ckptguard.core.io.source import BytesSource, FileSource
 from ckptguard.core.limits import Limits
@@ -200,10 +200,10 @@ def test_entries_are_real_frozen_zip_entries() -> None:
     d = read_directory(_src(build_zip(_members())))
     e = d.entries[1]
     assert type(e) is ZipEntry
-    assert e == ZipEntry(**{f.name: getattr(e, f.name) for f in dataclasses.fields(ZipEntry)})
-    with pytest.raises(dataclasses.FrozenInstanceError):
+    assert e == ZipEntry(**{f.name: getattr(e, f.name) for f in records.fields(ZipEntry)})
+    with pytest.raises(records.FrozenRecordError):
         e.name = "x"  # type: ignore[misc]
-    assert hash(e) == hash(dataclasses.replace(e))
+    assert hash(e) == hash(records.replace(e))
 
 
 def test_prefix_and_case_insensitive_find() -> None:
@@ -274,7 +274,7 @@ def test_bad_local_headers_are_left_out_and_reported() -> None:
     d = read_directory(_src(bytes(data)))
     data[d.entries[1].header_offset] = ord("X")
     src = _src(bytes(data))
-    fake = dataclasses.replace(d.entries[0], index=7, header_offset=len(data) + 5)
+    fake = records.replace(d.entries[0], index=7, header_offset=len(data) + 5)
     errors: list[CkptError] = []
     locs = read_local_headers(src, [*d.entries, fake], errors=errors)
     assert set(locs) == {0, 2}
