@@ -10,7 +10,6 @@ one report, never the run. Results are gathered in item order, whatever order th
 
 from __future__ import annotations
 
-import logging
 import resource
 import signal
 import time
@@ -190,6 +189,8 @@ def _failed(item: ScanItem, code: Code, message: str, started: float) -> ItemRes
 
 async def _run(items: list[ScanItem], limits: RunLimits, *, allow: frozenset[str], verify_crc: bool,
                on_result: Progress | None) -> list[ItemResult]:
+    import logging  # here, not at the top: a one-file scan runs inline and logs nothing
+
     from ckptguard.app.jobs import Jobs
     from ckptguard.app.worker import Job, WorkerLimits
 

@@ -26,7 +26,6 @@ whole-process scan loads only what it runs (tests/core/scan/test_cold_start.py).
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 from functools import cached_property, partial
 from itertools import repeat
@@ -73,8 +72,6 @@ from ckptguard.core.zip.columns import (
 )
 from ckptguard.core.zip.offsets import DESCRIPTOR_SIZE32
 
-log = logging.getLogger("ckptguard.fastlane")
-
 _MAX_NUMEL = 1 << 32         # records here are < 4 GiB (no zip64): larger numels cannot match
 _SCALARS = frozenset((str, int, float, bool, type(None), bytes, complex, StubGlobal))
 
@@ -88,7 +85,10 @@ def try_torch_zip(source: ByteSource, an: Analysis) -> bool:
     except Decline:
         return False
     except Exception:   # any surprise is a decline: the general path is the authority
-        log.debug("fast lane declined with an exception", exc_info=True)
+        import logging  # here: logging is ~10 ms of a clean scan's start
+
+        logging.getLogger("ckptguard.fastlane").debug("fast lane declined with an exception",
+                                                      exc_info=True)
         return False
     result.commit(an)
     return True

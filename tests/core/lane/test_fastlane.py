@@ -485,3 +485,17 @@ def test_a_remote_scan_reads_the_local_header_of_every_record_the_lane_reads() -
     from ckptguard.core.zip.columns import REMOTE_LOCALS
 
     assert set(META_RECORDS) | {SERIALIZATION_ID} <= set(REMOTE_LOCALS)
+
+
+def test_a_surprise_in_the_lane_is_a_logged_decline(monkeypatch: pytest.MonkeyPatch,
+                                                    caplog: pytest.LogCaptureFixture) -> None:
+    """Any exception in the lane hands the file to the general path (the authority) and
+    leaves a debug record with its traceback on "ckptguard.fastlane"."""
+    def broken(*args: object) -> None:
+        raise KeyError("a bug")
+
+    monkeypatch.setattr(fastlane, "_judge", broken)
+    with caplog.at_level("DEBUG", logger="ckptguard.fastlane"):
+        assert fastlane.try_torch_zip(BytesSource(b"PK\x05\x06" + bytes(18)), Analysis()) is False
+    assert [(r.name, r.getMessage(), r.exc_info is not None) for r in caplog.records] == [
+        ("ckptguard.fastlane", "fast lane declined with an exception", True)]

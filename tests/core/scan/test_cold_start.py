@@ -31,7 +31,9 @@ _NOT_FOR_A_PICKLE = ("numpy", "hashlib", "pickletools", "httpx", "ckptguard.core
                      # hf:// targets' libraries (urllib.parse loads ipaddress too)
                      "pathlib", "urllib", "ipaddress",
                      # records are not dataclasses (core/records.py): dataclasses loads these
-                     "dataclasses", "inspect", "ast", "dis")
+                     "dataclasses", "inspect", "ast", "dis",
+                     # the worker pool's logging, an internal error's traceback
+                     "logging", "traceback")
 ROOT = Path(__file__).resolve().parents[3]
 
 
@@ -62,7 +64,7 @@ _NOT_FOR_A_CLEAN_TORCH_ZIP = ("ckptguard.core.formats", "ckptguard.core.judge",
                               "ckptguard.core.manifest.build", "ckptguard.core.zip.directory",
                               "ckptguard.core.pickle.opcodes",
                               "ckptguard.core.zip.checks", "ckptguard.core.regions.judge",
-                              "dataclasses", "inspect")
+                              "dataclasses", "inspect", "logging", "traceback")
 _SCAN_IN_A_FRESH_PROCESS = {
     "scan_path": ("from ckptguard.core.scan import scan_path\n"
                   "report = scan_path({path!r})\n"

@@ -143,3 +143,22 @@ def test_torchs_answer_on_a_npy_reads_no_weights() -> None:
     report = scan_source(BytesSource(buf.getvalue()))
     assert (report.weights_only.error, report.verdict) == ("Unsupported operand 147", "safe")
     assert report.io["bytes_read"] < 400_000
+
+
+def test_a_scanner_bug_is_a_finding_and_a_logged_traceback(monkeypatch: pytest.MonkeyPatch,
+                                                           caplog: pytest.LogCaptureFixture) -> None:
+    """An exception the scan does not expect becomes INTERNAL_ERROR (invalid), and the
+    traceback goes to the "ckptguard.scan" logger for the operators (core.scan imports
+    logging only then, so a clean scan's start does not pay for it)."""
+    import ckptguard.core.scan as scan_module
+
+    def broken(*args: object) -> None:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(scan_module, "_analyze", broken)
+    with caplog.at_level("ERROR", logger="ckptguard.scan"):
+        report = scan_source(BytesSource(pickle.dumps({"a": 1}), name="x.pkl"))
+    assert report.verdict == "invalid"
+    assert [f.message for f in report.findings if f.code == Code.INTERNAL_ERROR] == ["RuntimeError: a bug"]
+    assert [(r.name, r.getMessage(), r.exc_info is not None) for r in caplog.records] == [
+        ("ckptguard.scan", "internal error while scanning x.pkl", True)]
