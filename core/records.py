@@ -90,7 +90,7 @@ def record(cls: Any = None, /, *, frozen: bool = False, eq: bool = True, slots: 
 def fields(obj: Any) -> tuple[Field, ...]:
     """The fields of a record or record class, in order."""
     try:
-        return tuple(getattr(obj, _FIELDS))
+        return getattr(obj, _FIELDS)  # type: ignore[no-any-return]
     except AttributeError:
         raise TypeError("must be called with a record type or instance") from None
 
@@ -114,7 +114,7 @@ def replace(obj: _T, /, **changes: Any) -> _T:
 def asdict(obj: Any) -> dict[str, Any]:
     """The record as a dict, nested records, lists, tuples and dicts converted and copied
     (`dataclasses.asdict`)."""
-    if not is_record(obj) or isinstance(obj, type):
+    if not hasattr(type(obj), _FIELDS):   # (a record class's type is `type`: not one)
         raise TypeError("asdict() should be called on record instances")
     return _converted(obj)  # type: ignore[no-any-return]
 
@@ -125,7 +125,7 @@ _ATOMS = (str, int, float, bool, bytes, type(None), complex)
 def _converted(value: Any) -> Any:
     if type(value) in _ATOMS:
         return value
-    if is_record(value) and not isinstance(value, type):
+    if hasattr(type(value), _FIELDS):
         return {f.name: _converted(getattr(value, f.name)) for f in fields(value)}
     if isinstance(value, tuple) and hasattr(value, "_fields"):   # a namedtuple keeps its type
         return type(value)(*[_converted(v) for v in value])

@@ -149,8 +149,8 @@ def cap_report(report: Report, budget: int, max_name_chars: int) -> Finding | No
     wo = report.weights_only
     hint = wo.safe_globals_hint
     bare = records.replace(report, globals=[], findings=[], tensors=[], storages=[], regions=[],
-                               weights_only=records.replace(wo, unsafe_globals=[],
-                                                                safe_globals_hint=None))
+                           weights_only=records.replace(wo, unsafe_globals=[],
+                                                        safe_globals_hint=None))
     fixed = _size(bare.to_json())
     lists: list[tuple[str, Sequence[Any], Any]] = [
         ("findings", report.findings, None), ("globals", report.globals, None),

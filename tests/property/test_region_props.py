@@ -17,7 +17,7 @@ from tests.builders.carriers import CARRIERS
 from tests.builders.pickle_asm import OPCODES
 
 LIMITS = records.replace(DEFAULT_LIMITS, max_region_bytes=6000, region_sniff_bytes=512,
-                             max_regions=8)
+                         max_regions=8)
 # carriers whose region is outside the archive's own records: the rest of the file is clean
 REGION_ONLY = ("appended", "gap_between_records", "unreferenced_record", "unreferenced_deflated",
                "encrypted_flag_entry", "unsupported_method_entry", "zip_in_record",

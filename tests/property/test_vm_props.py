@@ -21,7 +21,7 @@ from ckptguard.core.pickle.vm import run_vm
 from tests.builders.pickle_asm import asm
 
 SMALL = records.replace(DEFAULT_LIMITS, max_opcodes=20_000, max_str_bytes=1 << 20, max_depth=500,
-                            max_memo_entries=5_000, max_stack=20_000, max_container_items=20_000)
+                        max_memo_entries=5_000, max_stack=20_000, max_container_items=20_000)
 PROPS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
