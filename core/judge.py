@@ -121,8 +121,7 @@ def _try_fast(data: bytes, an: Analysis, resolver: StorageResolver | None,
 
     try:
         fast = fast_load(data, allowed=allowed_checker(an.options.allow), check_pid=check_pid,
-                         check_call=check_call,
-                         max_build_state_keys=an.options.limits.max_build_state_keys)
+                         check_call=check_call, limits=an.options.limits)
     except Decline:
         return None
     return _as_scan(fast, list(storages.values()), base_offset)

@@ -147,8 +147,7 @@ def _judge(source: ByteSource, an: Analysis) -> _Result:
     base = arc.data_offset[pkl_row]
     data = source.read_at(base, pkl_size)
 
-    loaded = load(data, allowed_checker(an.options.allow),
-                  max_build_state_keys=an.options.limits.max_build_state_keys)
+    loaded = load(data, allowed_checker(an.options.allow), limits=limits)
     if loaded.tokens.end != len(data):
         raise Decline("bytes after STOP")
     storages = _Storages(loaded.pids, loaded.refs, arc)

@@ -2,27 +2,35 @@
 
 The exact interpreters (core.pickle.vm, core.torch.weights_only) stop at the interpreter
 caps (MARK nesting, stack, opcodes, memo entries, container items, one string) with a
-LIMIT_* finding and verdict invalid. The C-speed paths (core.pickle.fast.stubs behind the
-general path, core.pickle.fast.column_stubs behind the torch-zip lane) check none of them:
-a pickle past a cap is walked and loaded in C, and the report says `safe`. With the default
-limits a 20 KB pickle shows it (MARK nesting past max_depth: torch loads it); the other caps
-need tens of megabytes by default, so they are shown with smaller limits.
+LIMIT_* finding and verdict invalid. The C unpickler behind the fast paths (core.pickle.fast.
+stubs behind the general path, core.pickle.fast.column_stubs behind the torch-zip lane)
+checks none of them, so the opcode walk in front of it (core.pickle.fast.tokenize) declines
+every pickle that might reach one: MARK nesting counted exactly, the others bounded from the
+bytes walked. Once a 20 KB pickle nested past max_depth was `safe` through the fast paths and
+`invalid` through the exact ones; the other caps need tens of megabytes by default, so they
+are shown with smaller limits.
 """
 
 from __future__ import annotations
 
+import io
+import pickle
+import zipfile
+from typing import Any
+
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from ckptguard.core import records
+from ckptguard.core.errors import Decline, LimitExceeded
 from ckptguard.core.judge import SMALL_PICKLE_BYTES
-from ckptguard.core.limits import DEFAULT_LIMITS
+from ckptguard.core.limits import DEFAULT_LIMITS, Limits
+from ckptguard.core.pickle.fast.tokenize import tokenize
+from ckptguard.core.pickle.vm import run_vm
+from ckptguard.core.torch.weights_only import emulate
 from tests.agreement import assert_agree
 from tests.builders.torchlayout import torch_layout
-
-_WHY = ("the C-speed paths check none of the interpreters' caps (max_depth for MARK nesting, "
-        "max_stack, max_opcodes, max_memo_entries, max_container_items, max_str_bytes); the "
-        "opcode walk cannot count MARK nesting or opcodes at C speed, so the fix is a design "
-        "choice: count them in the walk, or decline past a bound derived from the size")
 
 
 def _marks(depth: int, pad: int = 0) -> bytes:
@@ -31,13 +39,27 @@ def _marks(depth: int, pad: int = 0) -> bytes:
             + b"X\x01\x00\x00\x00a" + b"(" * depth + b"t" * depth + b"u.")
 
 
-@pytest.mark.xfail(strict=True, reason=_WHY)
 @pytest.mark.parametrize("container", ["pickle", "torch-zip"])
 def test_mark_nesting_past_max_depth_gets_one_report(container: str) -> None:
     pkl = _marks(DEFAULT_LIMITS.max_depth + 1)
     assert len(pkl) >= SMALL_PICKLE_BYTES   # large enough for the fast paths to run first
     report = assert_agree(pkl if container == "pickle" else torch_layout("archive", pkl))
     assert report["verdict"] == "invalid"
+    assert "LIMIT_DEPTH" in {f["code"] for f in report["findings"]}
+
+
+def test_mark_nesting_is_counted_not_bounded() -> None:
+    """Up to the cap exactly, the walk and the exact interpreters take the pickle; one MARK
+    more, both stop (the dict's own batch is the first level)."""
+    limits = records.replace(DEFAULT_LIMITS, max_depth=50)
+    for depth, within in ((49, True), (50, False)):
+        pkl = _marks(depth)
+        assert (_exact_caps_hit(pkl, limits) == []) is within
+        if within:
+            assert tokenize(pkl, lambda name: True, limits=limits).end == len(pkl)
+        else:
+            with pytest.raises(Decline, match="max_depth"):
+                tokenize(pkl, lambda name: True, limits=limits)
 
 
 def _flat(count: int) -> bytes:
@@ -49,6 +71,8 @@ _N = 2 * SMALL_PICKLE_BYTES
 _PAST_A_CAP = {
     "max_depth": (_marks(1_001, _N), "max_depth"),
     "max_stack": (b"\x80\x02" + b"N" * _N + b".", "max_stack"),
+    # each tuple closes its own MARK and leaves one item: the list's batch holds them all
+    "max_stack, in tuples": (b"\x80\x02]q\x00(" + b"(NNNNt" * (_N // 6) + b"e.", "max_stack"),
     "max_opcodes": (_flat(_N), "max_opcodes"),
     "max_container_items": (_flat(_N), "max_container_items"),
     "max_memo_entries": (b"\x80\x02]q\x00(" + b"".join(b"Nr" + i.to_bytes(4, "little")
@@ -58,7 +82,6 @@ _PAST_A_CAP = {
 }
 
 
-@pytest.mark.xfail(strict=True, reason=_WHY)
 @pytest.mark.parametrize("cap", sorted(_PAST_A_CAP))
 def test_a_pickle_past_any_interpreter_cap_gets_one_report(cap: str) -> None:
     pkl, field = _PAST_A_CAP[cap]
@@ -66,3 +89,100 @@ def test_a_pickle_past_any_interpreter_cap_gets_one_report(cap: str) -> None:
     limits = records.replace(DEFAULT_LIMITS, **{field: 1_000})
     report = assert_agree(pkl, limits=limits)
     assert report["verdict"] == "invalid"
+    assert any(f["code"].startswith("LIMIT_") for f in report["findings"])
+
+
+def test_a_memo_is_bounded_by_its_largest_index() -> None:
+    """With a cap above the walk's 2**20 floor the bound is the largest index the walk saw:
+    a pickler's memo of exactly the cap's size is walked, one entry more is declined."""
+    count = (1 << 20) + 20
+    pkl = (b"\x80\x02]q\x00(" + b"".join(b"Nr" + i.to_bytes(4, "little") for i in range(1, count))
+           + b"e.")
+    at_cap = records.replace(DEFAULT_LIMITS, max_memo_entries=count)
+    assert tokenize(pkl, lambda name: True, limits=at_cap).end == len(pkl)
+    with pytest.raises(Decline, match="max_memo_entries"):
+        tokenize(pkl, lambda name: True, limits=records.replace(at_cap, max_memo_entries=count - 1))
+
+
+# ---- the property: whatever the walk accepts under some limits, no exact interpreter stops
+# at a cap of those limits (so the fast paths can never answer where they would say invalid)
+
+_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-(1 << 40), 1 << 40) | st.floats(allow_nan=False)
+    | st.text(max_size=300),
+    lambda inner: st.lists(inner, max_size=12) | st.dictionaries(st.text(max_size=3), inner, max_size=6)
+    | st.tuples(inner, inner) | st.lists(inner, max_size=6).map(tuple),
+    max_leaves=60)
+
+_small_limits = st.builds(
+    lambda depth, stack, opcodes, memo, items, string: records.replace(
+        DEFAULT_LIMITS, max_depth=depth, max_stack=stack, max_opcodes=opcodes,
+        max_memo_entries=memo, max_container_items=items, max_str_bytes=string),
+    st.integers(1, 12), st.integers(1, 400), st.integers(1, 1_500), st.integers(1, 300),
+    st.integers(1, 400), st.integers(255, 600))
+
+
+def _exact_caps_hit(data: bytes, limits: Limits) -> list[str]:
+    hit = []
+    vm = run_vm(data, limits=limits)
+    if isinstance(vm.error, LimitExceeded):
+        hit.append(f"vm: {vm.error.message}")
+    wo = emulate(data, limits=limits)
+    if wo.error is not None and wo.error.type == "LimitExceeded":
+        hit.append(f"weights_only: {wo.error}")
+    return hit
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(value=_values, limits=_small_limits, copies=st.integers(1, 3))
+def test_what_the_walk_accepts_no_exact_interpreter_stops_at_a_cap(
+        value: Any, limits: Limits, copies: int) -> None:
+    data = pickle.dumps([value] * copies if copies > 1 else value, protocol=2)
+    try:
+        tokenize(data, lambda name: True, limits=limits)
+    except Decline:
+        return
+    assert _exact_caps_hit(data, limits) == [], limits
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(value=_values, limits=_small_limits)
+def test_every_engine_gives_one_report_under_any_limits(value: Any, limits: Limits) -> None:
+    """The general engine tries the fast path first on every pickle, the exact engine never."""
+    assert_agree(pickle.dumps(value, protocol=2), limits=limits)
+
+
+# ---- and the bounds leave real checkpoints on the fast paths under the default limits
+
+def _data_pkl(obj: Any) -> bytes:
+    torch = pytest.importorskip("torch")
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    with zipfile.ZipFile(buffer) as archive:
+        return archive.read(next(n for n in archive.namelist() if n.endswith("/data.pkl")))
+
+
+@pytest.mark.torch
+def test_a_training_checkpoint_is_walked_under_the_default_limits() -> None:
+    """Model, optimizer state (a dict per parameter), param groups, a schedule, nested lists
+    and tuples: every MARK outside a tensor entry is counted, none reaches a cap."""
+    torch = pytest.importorskip("torch")
+    model = torch.nn.Sequential(*(torch.nn.Linear(4, 4) for _ in range(40)))
+    opt = torch.optim.Adam(model.parameters())
+    model(torch.ones(1, 4)).sum().backward()
+    opt.step()
+    checkpoint = {"model": model.state_dict(), "optimizer": opt.state_dict(), "epoch": 3,
+                  "history": [(i, float(i), "x" * 200, [i, i + 1, i + 2, i + 3]) for i in range(3_000)],
+                  "shape": (1, 2, 3, 4, 5, 6)}
+    data = _data_pkl(checkpoint)
+    toks = tokenize(data, lambda name: True, limits=DEFAULT_LIMITS)
+    assert toks.end == len(data)
+
+
+def test_a_string_cap_under_what_the_walk_takes_unchecked_declines_every_pickle() -> None:
+    """The regex takes strings of up to 255 bytes without Python (short BINUNICODE,
+    SHORT_BINSTRING, LONG1): under such a cap only the exact interpreters can check them."""
+    pkl = pickle.dumps(["a" * 100], protocol=2)
+    assert tokenize(pkl, lambda name: True).end == len(pkl)
+    with pytest.raises(Decline, match="string cap"):
+        tokenize(pkl, lambda name: True, limits=records.replace(DEFAULT_LIMITS, max_str_bytes=254))

@@ -31,7 +31,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ckptguard.core.errors import Decline
-from ckptguard.core.limits import DEFAULT_LIMITS
+from ckptguard.core.limits import DEFAULT_LIMITS, Limits
 from ckptguard.core.pickle.fast.containers import BuildLedger, CheckedDict
 from ckptguard.core.pickle.fast.tokenize import StubUnpickler, Tokens, tokenize
 from ckptguard.core.records import record
@@ -128,9 +128,10 @@ class _StubUnpickler(StubUnpickler):
 
 
 def load(data: bytes, allowed: Callable[[str], bool], *,
-         max_build_state_keys: int = DEFAULT_LIMITS.max_build_state_keys) -> Loaded:
-    """Build the value graph of a clean torch pickle at C speed, or raise Decline."""
-    toks = tokenize(data, allowed)
+         limits: Limits = DEFAULT_LIMITS) -> Loaded:
+    """Build the value graph of a clean torch pickle at C speed, or raise Decline (also past a
+    cap of `limits`, or where one might be reached: the exact interpreters report the cap)."""
+    toks = tokenize(data, allowed, limits=limits)
     refs: list[tuple[Any]] = []
     # one class per load: `made` must not be shared between concurrent scans
     made: dict[type[RebuildCall], list[RebuildCall]] = {b: [] for b in _REBUILD_STUBS.values()}
@@ -141,7 +142,7 @@ def load(data: bytes, allowed: Callable[[str], bool], *,
         stubs[key] = stub
         kinds[stub] = base
     attributes: dict[int, tuple[StubDict, dict[Any, Any]]] = {}
-    builds = BuildLedger(max_build_state_keys)
+    builds = BuildLedger(limits.max_build_state_keys)
     dict_type = type("OrderedDict", (StubDict,), {"__slots__": (), "attributes": attributes,
                                                    "builds": builds})
     stubs[("collections", "OrderedDict")] = dict_type

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ckptguard.core.errors import Decline
-from ckptguard.core.limits import DEFAULT_LIMITS
+from ckptguard.core.limits import DEFAULT_LIMITS, Limits
 from ckptguard.core.pickle.fast.containers import BuildLedger, OrderedDictStub
 from ckptguard.core.pickle.fast.tokenize import StubUnpickler, Tokens, tokenize
 from ckptguard.core.records import record
@@ -92,15 +92,16 @@ class FastResult:
 def fast_load(data: bytes, *, allowed: Callable[[str], bool],
               check_pid: Callable[[tuple[Any, ...]], None],
               check_call: Callable[[str, tuple[Any, ...]], str | None] | None = None,
-              max_build_state_keys: int = DEFAULT_LIMITS.max_build_state_keys) -> FastResult:
+              limits: Limits = DEFAULT_LIMITS) -> FastResult:
     """Build the value graph of a clean torch pickle at C speed, or raise Decline.
 
     `check_pid` validates a persistent id like torch's persistent_load + the container
     (record present, exact size) and raises Decline otherwise; `check_call` may veto a
     rebuild call's arguments (torch's own checks, core.torch.rules.check_rebuild) by raising
-    Decline.
+    Decline. Past a cap of `limits`, or where one might be reached, it declines too (the
+    exact interpreters report the cap).
     """
-    toks = tokenize(data, allowed, newobj=True)
+    toks = tokenize(data, allowed, newobj=True, limits=limits)
     calls: list[Call] = []
     persids: list[PersId] = []
 
@@ -118,5 +119,5 @@ def fast_load(data: bytes, *, allowed: Callable[[str], bool],
             persids.append(node)
             return node
 
-    root = _Unpickler(data, toks, BuildLedger(max_build_state_keys)).load_or_decline()
+    root = _Unpickler(data, toks, BuildLedger(limits.max_build_state_keys)).load_or_decline()
     return FastResult(root, toks, calls, persids)

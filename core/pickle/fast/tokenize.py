@@ -3,9 +3,11 @@
 Strategy: the exact interpreters run ~1 M opcodes/s; the C unpickler is much faster but
 accepts opcodes torch's restricted unpickler refuses. So before the C unpickler sees a
 pickle, `tokenize` walks every opcode with one compiled regex (only GLOBAL, PROTO,
-EMPTY_LIST, long strings and STOP reach Python) and declines unless every opcode is in
-torch's accepted set (FORMATS.md §3.4), every GLOBAL is allowlisted and every memo index
-is small. `Decline` means: use the exact interpreters instead.
+EMPTY_LIST, MARK and its closers, long strings and STOP reach Python) and declines unless
+every opcode is in torch's accepted set (FORMATS.md §3.4), every GLOBAL is allowlisted,
+every memo index is small and no cap of `Limits` might be reached (the exact interpreters
+stop at those caps; the C unpickler checks none of them). `Decline` means: use the exact
+interpreters instead.
 
 Two things the C unpickler does on its own are not torch's: SETITEM on a list, and
 hashing a dict key however it was built (a tuple that holds one memoized tuple twice,
@@ -27,7 +29,7 @@ from typing import Any
 
 from ckptguard.core.errors import Decline
 from ckptguard.core.gcpause import collector_paused
-from ckptguard.core.limits import DEFAULT_LIMITS
+from ckptguard.core.limits import DEFAULT_LIMITS, Limits
 from ckptguard.core.pickle.fast.containers import BuildLedger, CheckedDict, CheckedList
 from ckptguard.core.pickle.renames import last_dot_split, python_map, torch_map
 from ckptguard.core.pickle.result import GlobalUse
@@ -52,17 +54,17 @@ def memo_index_cap(data: bytes) -> int:
         return _MAX_MEMO_INDEX_FLOOR
     return max(_MAX_MEMO_INDEX_FLOOR, min(by_size, 256 + data.count(b"r")))
 
-# Fixed-size opcodes torch accepts (FORMATS.md §3.4), as one run: REDUCE
-# APPEND APPENDS SETITEM SETITEMS MARK TUPLE TUPLE1-3 EMPTY_TUPLE EMPTY_DICT EMPTY_SET NONE
-# NEWTRUE NEWFALSE BINPERSID; BININT1 BINGET BINPUT; BININT2; BININT LONG_BINGET; BINFLOAT;
-# LONG_BINPUT below 2**20; BINUNICODE under 256 bytes (one branch per length, so the regex
-# engine skips the string at C speed). The C unpickler skips an empty batch (MARK directly
-# followed by APPENDS/SETITEMS) on any object, where torch checks the object's type: such a
-# MARK stops the run, unless the batch follows a SETITEMS/APPENDS on the same object (what
-# pickle writes after an exact multiple of 1000 items), whose items the C unpickler could
-# only store into a dict/list.
+# Fixed-size opcodes torch accepts (FORMATS.md §3.4), as one run: REDUCE APPEND SETITEM
+# TUPLE1-3 EMPTY_TUPLE EMPTY_SET NONE NEWTRUE NEWFALSE BINPERSID; BININT1 BINGET BINPUT;
+# BININT2; BININT LONG_BINGET; BINFLOAT; LONG_BINPUT below 2**20; BINUNICODE under 128 bytes
+# (one branch per length, so the regex engine skips the string at C speed).
+# MARK and what closes a MARK (TUPLE, APPENDS, SETITEMS) reach Python, outside the tensor
+# entry below (whose MARKs are closed within it): the loop keeps the open MARKs, so it knows
+# their nesting and bounds the stack (the caps above `tokenize`). Real pickles open a MARK
+# per batch of 1000 items, per dict and per long tuple: a few Python steps per thousand
+# opcodes.
 # BUILD, NEWOBJ, GLOBAL, PROTO, EMPTY_LIST, EMPTY_DICT, SHORT_BINSTRING, LONG1, longer
-# strings and STOP are handled in Python.
+# strings and STOP are handled in Python too.
 
 
 def _short_unicode(limit: int) -> bytes:
@@ -85,7 +87,7 @@ def _any(n: int) -> bytes:
 
 _SHORT_UNICODE = _short_unicode(128)
 _ONE_OPCODE = (
-    rb"u(?:\(u){0,64}|e(?:\(e){0,64}|[Rast\x85\x86\x87)\x8fN\x88\x89Q]|\((?![eu])|[Khq](?s:.)"
+    rb"[Ras\x85\x86\x87)\x8fN\x88\x89Q]|[Khq](?s:.)"
     rb"|M(?s:.){2}"
     rb"|X(?:" + _SHORT_UNICODE + rb")"
     rb"|[Jj](?s:.){4}|r(?s:.){2}[\x00-\x0f]\x00|G(?s:.){8}")
@@ -130,6 +132,35 @@ def run_pattern(newobj: bool) -> re.Pattern[bytes]:
     """The compiled walk (compiled on first use: ~7-14 ms each, which a process that scans
     one small pickle, or no pickle at all, need not pay)."""
     return re.compile(_RUN_NEWOBJ_SOURCE if newobj else _RUN_SOURCE)
+
+
+# Counting a run's opcodes (only for a pickle larger than the opcode or container cap: the
+# caps above `tokenize`): a regex cannot say how often its repeat matched, so a run is
+# matched in blocks of exactly 4**k opcodes, largest first: r opcodes take about r / 1024 +
+# 3 * 5 steps of Python. The unit is one whole opcode of a run (a tensor entry's too).
+_COUNT_BLOCKS = (1024, 256, 64, 16, 4, 1)
+_RUN_OPCODE = rb"(?:" + _ONE_OPCODE + rb"|[\x28t\x81])"
+
+
+@functools.cache
+def _block_pattern(size: int) -> re.Pattern[bytes]:
+    return re.compile(_RUN_OPCODE + rb"{%d}" % size)
+
+
+def count_run(data: bytes, start: int, end: int) -> int:
+    """The opcodes in `data[start:end]`, a run the walk matched (whole opcodes)."""
+    count = 0
+    pos = start
+    for size in _COUNT_BLOCKS:
+        match = _block_pattern(size).match
+        while (found := match(data, pos, end)) is not None:
+            pos = found.end()
+            count += size
+    if pos != end:   # cannot happen for a run the walk matched: be loud, not wrong
+        raise Decline("a run the opcode count does not walk alike")
+    return count
+
+
 _U32 = struct.Struct("<I")
 # EMPTY_LIST / EMPTY_DICT -> `CheckedList()` / `CheckedDict()` (StubUnpickler.find_class)
 _REWRITES = {0x5D: b"c__ckptguard__\nlist\n)R", 0x7D: b"c__ckptguard__\ndict\n)R"}
@@ -145,12 +176,37 @@ class Tokens:
     end: int = 0                       # relative position after STOP
     builds: int = 0                    # BUILD opcodes (each must reach a stub's __setstate__)
     rewritten: bytes | None = None     # data[:end] with EMPTY_LIST/EMPTY_DICT rewritten
+    opcodes: int | None = None         # opcodes through STOP, where the caps needed the count
 
 
-def tokenize(data: bytes, allowed: Callable[[str], bool], *, newobj: bool = False) -> Tokens:
-    """Walk the opcodes of one pickle; Decline on anything torch would not accept.
+# The exact interpreters stop at the caps of `Limits` (LIMIT_* findings, verdict invalid);
+# the C unpickler checks none of them. So the walk declines any pickle that might reach one,
+# and the exact interpreters give it the report they give every pickle past a cap: the fast
+# paths stay an accelerator that never changes an answer. Each bound below is at least what
+# the exact interpreters count, and close to it for a real checkpoint:
+# - MARK nesting: counted exactly (every MARK outside a tensor entry reaches the loop).
+# - the stack (core.pickle.vm counts every frame's items): an opcode pushes at most one item,
+#   so the items of an open frame are at most the bytes walked in it, and a frame that
+#   closes leaves at most one item (its tuple) in place of its own.
+# - opcodes, and the items of one container (at most one per opcode): a pickle of no more
+#   bytes than those caps cannot pass them; a larger one has its opcodes counted (count_run),
+#   so a real checkpoint of a million tensors (~35 M opcodes in ~100 MB) stays fast.
+# - memo entries: no pickler numbers past what it put (see memo_index_cap): the indices under
+#   the floor are at most the floor, the rest at most the largest index + 1; a cap under the
+#   floor takes the count of PUT-like bytes instead.
+# - one string: checked on every string the loop skips; the ones the regex takes are under
+#   _UNCHECKED_STRING_BYTES, so a cap below that declines every pickle.
+_UNCHECKED_STRING_BYTES = 255      # SHORT_BINSTRING and LONG1: a 1-byte length
+
+
+def tokenize(data: bytes, allowed: Callable[[str], bool], *, newobj: bool = False,
+             limits: Limits = DEFAULT_LIMITS) -> Tokens:
+    """Walk the opcodes of one pickle; Decline on anything torch would not accept, and on
+    anything that might reach a cap of `limits` (see above).
 
     NEWOBJ declines too unless `newobj` (torch accepts it for a few classes only)."""
+    if limits.max_str_bytes < _UNCHECKED_STRING_BYTES:
+        raise Decline("a string cap below what the walk lets through unchecked")
     toks = Tokens()
     pos = 0
     n = len(data)
@@ -158,22 +214,65 @@ def tokenize(data: bytes, allowed: Callable[[str], bool], *, newobj: bool = Fals
     pieces: list[bytes] = []
     piece_start = 0
     memo_cap: int | None = None   # memo_index_cap, counted when an index past the floor needs it
+    max_depth, max_stack = limits.max_depth, limits.max_stack
+    marks: list[int] = []         # for each open MARK: `items` when it opened
+    items = 0                     # bound on the items on the stack, all frames together
+    # opcodes walked, counted only where the bytes alone do not keep them under the caps
+    counting = n > min(limits.max_opcodes, limits.max_container_items)
+    opcodes = 0
+    top_index = -1                # largest memo index the loop saw (past the floor)
     while True:
         run_end = match(data, pos).end()   # type: ignore[union-attr]  # {0,N} always matches
         ran = run_end != pos
+        items += run_end - pos + 1         # the run's bytes, and the opcode below
+        if counting:
+            opcodes += count_run(data, pos, run_end) + 1
+        if items > max_stack:
+            raise Decline("the stack might pass Limits.max_stack")
         pos = run_end
         if pos >= n:
             raise Decline("no STOP")
         op = data[pos]
-        if op == 0x58:  # BINUNICODE of 128 bytes or more
+        if op == 0x28:  # MARK
+            if pos + 1 < n and data[pos + 1] in b"eu":
+                # an empty batch: the C unpickler skips it on any object, torch checks the
+                # object's type (one right after a batch on the same object is taken below)
+                raise Decline("an empty batch")
+            if len(marks) >= max_depth:
+                raise Decline("MARK nesting might pass Limits.max_depth")
+            marks.append(items - 1)
+            pos += 1
+        elif op == 0x74:  # TUPLE: the frame's items become one
+            if not marks:
+                raise Decline("TUPLE without MARK")
+            items = marks.pop() + 1
+            pos += 1
+        elif op == 0x75 or op == 0x65:  # SETITEMS, APPENDS: the frame's items go into the
+            if not marks:               # dict or list below the MARK
+                raise Decline("a batch without MARK")
+            items = marks.pop()
+            pos += 1
+            # empty batches on the same object (what pickle writes after an exact multiple
+            # of 1000 items): the C unpickler could only store their items into a dict/list
+            for _ in range(64):
+                if data[pos:pos + 2] != bytes((0x28, op)):
+                    break
+                pos += 2
+                opcodes += 2
+        elif op == 0x58:  # BINUNICODE of 128 bytes or more
             if pos + 5 > n:
                 raise Decline("truncated")
-            pos += 5 + _U32.unpack_from(data, pos + 1)[0]
+            size = _U32.unpack_from(data, pos + 1)[0]
+            if size > limits.max_str_bytes:
+                raise Decline("a string past Limits.max_str_bytes")
+            pos += 5 + size
         elif op == 0x63:  # GLOBAL
             nl1 = data.find(b"\n", pos + 1)
             nl2 = data.find(b"\n", nl1 + 1) if nl1 >= 0 else -1
             if nl2 < 0:
                 raise Decline("truncated GLOBAL")
+            if max(nl1 - pos - 1, nl2 - nl1 - 1) > limits.max_str_bytes:
+                raise Decline("a GLOBAL line past Limits.max_str_bytes")
             try:
                 raw_module = data[pos + 1:nl1].decode("utf-8")
                 raw_name = data[nl1 + 1:nl2].decode("utf-8")
@@ -194,6 +293,7 @@ def tokenize(data: bytes, allowed: Callable[[str], bool], *, newobj: bool = Fals
                     memo_cap = memo_index_cap(data)
                 if index >= memo_cap:
                     raise Decline("memo index out of range")
+            top_index = max(top_index, index)
             pos += 5
         elif op == 0x62:  # BUILD: counted, see StubUnpickler.load_or_decline
             toks.builds += 1
@@ -211,8 +311,8 @@ def tokenize(data: bytes, allowed: Callable[[str], bool], *, newobj: bool = Fals
             if pos + 2 > n:
                 raise Decline("truncated")
             if pos:   # pickle writes it first only; elsewhere it pushes nothing, so MARK PROTO
-                # APPENDS is an empty batch the lookahead after MARK cannot see (the C
-                # unpickler skips it, torch checks the object's type)
+                # APPENDS is an empty batch the check at MARK cannot see (the C unpickler
+                # skips it, torch checks the object's type)
                 raise Decline("PROTO after the first opcode")
             toks.protocol = data[pos + 1]   # the last PROTO, as the interpreters report it
             if data[pos + 1] > pickle.HIGHEST_PROTOCOL:
@@ -222,15 +322,35 @@ def tokenize(data: bytes, allowed: Callable[[str], bool], *, newobj: bool = Fals
             toks.end = pos + 1
             break
         elif ran:  # the run stopped at _CHUNK opcodes, not at this one: walk on
+            items -= 1
+            opcodes -= 1
             continue
         else:  # incl. NEWOBJ: torch accepts it for a few classes only, left to the exact path
             raise Decline(f"opcode {op} is not accepted here")
         if pos > n:
             raise Decline("argument past end")
+    if counting:
+        toks.opcodes = opcodes
+    _check_counts(data, toks.opcodes, top_index, limits)
     if pieces:
         pieces.append(data[piece_start:toks.end])
         toks.rewritten = b"".join(pieces)
     return toks
+
+
+def _check_counts(data: bytes, opcodes: int | None, top_index: int, limits: Limits) -> None:
+    """Decline a walked pickle that might pass the opcode, container or memo caps
+    (`opcodes`: None where the pickle's size keeps it under the first two)."""
+    if opcodes is not None and opcodes > limits.max_opcodes:
+        raise Decline("the opcodes might pass Limits.max_opcodes")
+    if opcodes is not None and opcodes > limits.max_container_items:
+        raise Decline("a container might pass Limits.max_container_items")
+    max_memo = limits.max_memo_entries
+    if max_memo >= _MAX_MEMO_INDEX_FLOOR:
+        if top_index >= max_memo:
+            raise Decline("the memo might pass Limits.max_memo_entries")
+    elif data.count(b"q") + data.count(b"r") > max_memo:
+        raise Decline("the memo might pass Limits.max_memo_entries")
 
 
 def global_uses(toks: Tokens, base_offset: int) -> list[GlobalUse]:

@@ -21,7 +21,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from ckptguard.core import records
 from ckptguard.core.errors import Decline
+from ckptguard.core.limits import DEFAULT_LIMITS, Limits
 from ckptguard.core.pickle.fast import tokenize as pickletoken
 
 _UNSOUND_ON_3_11_0_TO_4 = {sre_constants.POSSESSIVE_REPEAT, sre_constants.ATOMIC_GROUP}
@@ -58,10 +60,11 @@ def test_the_walk_uses_no_construct_3_11_0_to_3_11_4_get_wrong() -> None:
 
 
 def test_the_shapes_that_broke_possessive_repeats() -> None:
-    """A LONG_BINPUT whose index is out of range and a string cut short stop the run at
-    their first byte (the old possessive run skipped into them on 3.11.0-3.11.4)."""
+    """A LONG_BINPUT whose index is out of range, a string cut short and a tensor entry that
+    fails after its first opcodes stop the run at an opcode boundary (the old possessive run
+    skipped into them on 3.11.0-3.11.4); a MARK outside an entry is the loop's."""
     for data, stop in ((b"Nr\xf0\xff\xff\xff.", 1), (b"NX\x05\x00\x00\x00ab.", 1),
-                       (b"X\x01\x00\x00\x00kq\x01h\x02(.", 11)):
+                       (b"X\x01\x00\x00\x00kq\x01h\x02(.", 10)):
         for run in (pickletoken.run_pattern(False), pickletoken.run_pattern(True)):
             assert run.match(data).end() == stop  # type: ignore[union-attr]
 
@@ -264,3 +267,30 @@ def test_each_step_of_the_walk_is_whole_opcodes_torch_accepts(which: int, seed: 
             if name == "MARK" and blob[at + 1:at + 2] in (b"e", b"u"):
                 assert at > pos and blob[at - 1] == blob[at + 1], (blob, at)
         pos = m.end()
+
+
+def _counting(data: bytes) -> Limits:
+    """Caps one byte under the pickle's size: the walk must count its opcodes."""
+    return records.replace(DEFAULT_LIMITS, max_opcodes=len(data) - 1, max_container_items=len(data) - 1)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(value=_values, newobj=st.booleans())
+def test_the_opcode_count_is_pickletools_count(value: object, newobj: bool) -> None:
+    """A pickle larger than the opcode cap has its opcodes counted (run by run, in blocks):
+    the count is exactly pickletools' (so a pickle is declined only past the cap)."""
+    data = pickle.dumps(value, protocol=2)
+    try:
+        toks = pickletoken.tokenize(data, lambda name: True, newobj=newobj, limits=_counting(data))
+    except Decline:
+        return
+    assert toks.opcodes == len(_opcode_starts(data[:toks.end], newobj=newobj)) - 1   # - the end
+
+
+def test_the_opcode_count_of_torch_pickles_and_long_runs() -> None:
+    batches = pickle.dumps({i: [i] for i in range(2000)}, protocol=2)   # ends "u(u": an empty batch
+    for data in (*_torch_pickles(), b"\x80\x02" + b"N" * (5 * pickletoken._CHUNK + 3) + b".",
+                 batches):
+        toks = pickletoken.tokenize(data, lambda name: True, limits=_counting(data))
+        assert toks.opcodes == len(_opcode_starts(data)) - 1, len(data)   # starts: + the end
+    assert pickletoken.tokenize(data, lambda name: True).opcodes is None   # not needed: not counted
