@@ -86,11 +86,27 @@ def _any(n: int) -> bytes:
 
 
 _SHORT_UNICODE = _short_unicode(128)
-_ONE_OPCODE = (
-    rb"[Ras\x85\x86\x87)\x8fN\x88\x89Q]|[Khq](?s:.)"
-    rb"|M(?s:.){2}"
-    rb"|X(?:" + _SHORT_UNICODE + rb")"
-    rb"|[Jj](?s:.){4}|r(?s:.){2}[\x00-\x0f]\x00|G(?s:.){8}")
+# LONG_BINPUT indexes the run takes: below 2**20 (_MAX_MEMO_INDEX_FLOOR); once the loop met
+# a larger one, below 2**bits where the pickle could number that far (`_memo_bits`)
+_MEMO_BITS = 20
+_MAX_MEMO_BITS = 24
+
+
+def _long_binput(bits: int) -> bytes:
+    """LONG_BINPUT with an index below 2**bits (20 <= bits <= 24), as single-byte ops."""
+    top = re.escape(bytes(((1 << (bits - 16)) - 1,)))
+    return rb"r" + _any(2) + rb"[\x00-" + top + rb"]\x00"
+
+
+def _one_opcode(bits: int) -> bytes:
+    return (rb"[Ras\x85\x86\x87)\x8fN\x88\x89Q]|[Khq](?s:.)"
+            rb"|M(?s:.){2}"
+            rb"|X(?:" + _SHORT_UNICODE + rb")"
+            rb"|[Jj](?s:.){4}|" + _long_binput(bits) + rb"|G(?s:.){8}")
+
+
+_ONE_OPCODE = _one_opcode(_MEMO_BITS)
+
 # An accelerator, not a rule: the opcodes torch.save writes for one state_dict entry after
 # its key (`_rebuild_tensor_v2(pid, offset, size, stride, requires_grad, OrderedDict())`),
 # as ONE regex branch. Every piece is one of the opcodes above, so a match consumes exactly
@@ -102,15 +118,22 @@ _ONE_OPCODE = (
 # `(?:...)?`, which compiles to REPEAT/MAX_UNTIL (two more stack frames and an allocation at
 # every use). With `_any` and the key's PUT, the walk of a 40,000-tensor pickle takes 177 M
 # instructions, not 369 M, and compiling the walk 43 M, not 46 M (callgrind).
-_OPT_PUT = rb"(?:q" + _any(1) + rb"|r" + _any(2) + rb"[\x00-\x0f]\x00|)"
 _GET = rb"(?:h" + _any(1) + rb"|j" + _any(4) + rb")"
 _INT = rb"(?:K" + _any(1) + rb"|M" + _any(2) + rb"|J" + _any(4) + rb")"
-_TUPLE = (rb"(?:" + _INT + rb"\x85" + _OPT_PUT + rb"|" + _INT + _INT + rb"\x86" + _OPT_PUT + rb"|"
-          + _INT * 3 + rb"\x87" + _OPT_PUT + rb"|\x29|\x28" + _INT + rb"{0,64}t" + _OPT_PUT + rb")")
 _STORAGE_KEY = rb"X(?:" + _short_unicode(16) + rb")"
-_TENSOR_ENTRY = (_OPT_PUT + _GET + rb"\x28\x28" + _GET + _GET + _STORAGE_KEY + _OPT_PUT
-                 + _GET + _INT + rb"t" + _OPT_PUT + rb"Q" + _INT + _TUPLE + _TUPLE
-                 + rb"[\x88\x89]" + _GET + rb"\x29R" + _OPT_PUT + rb"t" + _OPT_PUT + rb"R" + _OPT_PUT)
+
+
+def _tensor_entry(bits: int) -> bytes:
+    put = rb"(?:q" + _any(1) + rb"|" + _long_binput(bits) + rb"|)"   # an optional PUT
+    tup = (rb"(?:" + _INT + rb"\x85" + put + rb"|" + _INT + _INT + rb"\x86" + put + rb"|"
+           + _INT * 3 + rb"\x87" + put + rb"|\x29|\x28" + _INT + rb"{0,64}t" + put + rb")")
+    return (put + _GET + rb"\x28\x28" + _GET + _GET + _STORAGE_KEY + put
+            + _GET + _INT + rb"t" + put + rb"Q" + _INT + tup + tup
+            + rb"[\x88\x89]" + _GET + rb"\x29R" + put + rb"t" + put + rb"R" + put)
+
+
+_TENSOR_ENTRY = _tensor_entry(_MEMO_BITS)
+
 # The run is a plain greedy repeat with nothing after it, not a possessive `*+` or an atomic
 # group: CPython 3.11.0-3.11.4 mis-handle those (gh-100061, gh-106052: a last try that fails
 # half-way does not restore the position, so the walk would skip bytes). Nothing follows the
@@ -122,33 +145,56 @@ _TENSOR_ENTRY = (_OPT_PUT + _GET + rb"\x28\x28" + _GET + _GET + _STORAGE_KEY + _
 # bounded too: a longer batch of empty batches or a longer tuple is walked, or declined,
 # opcode by opcode).
 _CHUNK = 1024
-_RUN_SOURCE = rb"(?:" + _TENSOR_ENTRY + rb"|" + _ONE_OPCODE + rb"){0,%d}" % _CHUNK
-# the same walk that also lets NEWOBJ through (core.pickle.fast.stubs's stubs judge it)
-_RUN_NEWOBJ_SOURCE = rb"(?:" + _TENSOR_ENTRY + rb"|\x81|" + _ONE_OPCODE + rb"){0,%d}" % _CHUNK
 
 
 @functools.cache
-def run_pattern(newobj: bool) -> re.Pattern[bytes]:
+def run_pattern(newobj: bool, bits: int = _MEMO_BITS) -> re.Pattern[bytes]:
     """The compiled walk (compiled on first use: ~7-14 ms each, which a process that scans
-    one small pickle, or no pickle at all, need not pay)."""
-    return re.compile(_RUN_NEWOBJ_SOURCE if newobj else _RUN_SOURCE)
+    one small pickle, or no pickle at all, need not pay). With `newobj` it lets NEWOBJ
+    through too (core.pickle.fast.stubs's stubs judge it)."""
+    branches = _tensor_entry(bits) + (rb"|\x81|" if newobj else rb"|") + _one_opcode(bits)
+    return re.compile(rb"(?:" + branches + rb"){0,%d}" % _CHUNK)
 
 
-# Counting a run's opcodes (only for a pickle larger than the opcode or container cap: the
-# caps above `tokenize`): a regex cannot say how often its repeat matched, so a run is
-# matched in blocks of exactly 4**k opcodes, largest first: r opcodes take about r / 1024 +
-# 3 * 5 steps of Python. The unit is one whole opcode of a run (a tensor entry's too).
-_COUNT_BLOCKS = (1024, 256, 64, 16, 4, 1)
-_RUN_OPCODE = rb"(?:" + _ONE_OPCODE + rb"|[\x28t\x81])"
+def _memo_bits(cap: int) -> int:
+    """How many bits of LONG_BINPUT index the run may take where no index reaches `cap`
+    (memo_index_cap, and the memo cap): the memo of a million-tensor pickle (~5 M entries)
+    is then walked by the regex, not the loop."""
+    bits = _MEMO_BITS
+    while bits < _MAX_MEMO_BITS and cap >= 1 << (bits + 1):
+        bits += 1
+    return bits
+
+
+# Counting opcodes (only for a pickle larger than the opcode or container cap: the caps
+# above `tokenize`), after the walk accepted the pickle: a regex cannot say how often its
+# repeat matched, so the opcodes are matched in blocks of exactly 1024, 32 and 1, largest
+# first (r opcodes: about r / 1024 + 2 * 31 steps of Python). The unit is any one opcode the
+# walk accepts except a BINUNICODE of 128 bytes or more (a 4-byte length no regex can
+# follow): the walk notes where those are, and the count steps over them.
+_COUNT_BLOCKS = (1024, 32, 1)
+
+
+def _one_byte_length(opcode: bytes) -> bytes:
+    """`opcode` with a 1-byte length and that many bytes: one branch per length."""
+    return re.escape(opcode) + rb"(?:" + b"|".join(
+        re.escape(bytes((n,))) + rb"(?s:.){%d}" % n for n in range(256)) + rb")"
+
+
+# One opcode, with exactly one way to match it (no two branches take the same bytes): a
+# block that fails part-way backtracks through its iterations once, never tries them anew.
+_COUNTED_OPCODE = (
+    rb"(?:[Ras\x85\x86\x87)\x8fN\x88\x89Q\x28teub\x5d\x7d\x81.]|[Khq\x80](?s:.)|M(?s:.){2}"
+    rb"|X(?:" + _SHORT_UNICODE + rb")|[Jjr](?s:.){4}|G(?s:.){8}"
+    rb"|c[^\n]*\n[^\n]*\n|" + _one_byte_length(b"U") + rb"|" + _one_byte_length(b"\x8a") + rb")")
 
 
 @functools.cache
 def _block_pattern(size: int) -> re.Pattern[bytes]:
-    return re.compile(_RUN_OPCODE + rb"{%d}" % size)
+    return re.compile(_COUNTED_OPCODE + rb"{%d}" % size)
 
 
-def count_run(data: bytes, start: int, end: int) -> int:
-    """The opcodes in `data[start:end]`, a run the walk matched (whole opcodes)."""
+def _count_span(data: bytes, start: int, end: int) -> int:
     count = 0
     pos = start
     for size in _COUNT_BLOCKS:
@@ -156,9 +202,20 @@ def count_run(data: bytes, start: int, end: int) -> int:
         while (found := match(data, pos, end)) is not None:
             pos = found.end()
             count += size
-    if pos != end:   # cannot happen for a run the walk matched: be loud, not wrong
-        raise Decline("a run the opcode count does not walk alike")
+    if pos != end:   # cannot happen for opcodes the walk accepted: be loud, not wrong
+        raise Decline("opcodes the count does not walk alike")
     return count
+
+
+def count_opcodes(data: bytes, end: int, long_strings: list[tuple[int, int]]) -> int:
+    """The opcodes of `data[:end]`, a pickle the walk accepted, whose BINUNICODE opcodes of
+    128 bytes or more span `long_strings` ((start, end) each, in order)."""
+    count = len(long_strings)
+    pos = 0
+    for string_start, string_end in long_strings:
+        count += _count_span(data, pos, string_start)
+        pos = string_end
+    return count + _count_span(data, pos, end)
 
 
 _U32 = struct.Struct("<I")
@@ -189,7 +246,7 @@ class Tokens:
 #   so the items of an open frame are at most the bytes walked in it, and a frame that
 #   closes leaves at most one item (its tuple) in place of its own.
 # - opcodes, and the items of one container (at most one per opcode): a pickle of no more
-#   bytes than those caps cannot pass them; a larger one has its opcodes counted (count_run),
+#   bytes than those caps cannot pass them; a larger one has its opcodes counted (count_opcodes),
 #   so a real checkpoint of a million tensors (~35 M opcodes in ~100 MB) stays fast.
 # - memo entries: no pickler numbers past what it put (see memo_index_cap): the indices under
 #   the floor are at most the floor, the rest at most the largest index + 1; a cap under the
@@ -217,16 +274,14 @@ def tokenize(data: bytes, allowed: Callable[[str], bool], *, newobj: bool = Fals
     max_depth, max_stack = limits.max_depth, limits.max_stack
     marks: list[int] = []         # for each open MARK: `items` when it opened
     items = 0                     # bound on the items on the stack, all frames together
-    # opcodes walked, counted only where the bytes alone do not keep them under the caps
+    # opcodes are counted only where the bytes alone do not keep them under the caps
     counting = n > min(limits.max_opcodes, limits.max_container_items)
-    opcodes = 0
+    long_strings: list[tuple[int, int]] = []   # where the count must step over a string
     top_index = -1                # largest memo index the loop saw (past the floor)
     while True:
         run_end = match(data, pos).end()   # type: ignore[union-attr]  # {0,N} always matches
         ran = run_end != pos
         items += run_end - pos + 1         # the run's bytes, and the opcode below
-        if counting:
-            opcodes += count_run(data, pos, run_end) + 1
         if items > max_stack:
             raise Decline("the stack might pass Limits.max_stack")
         pos = run_end
@@ -258,13 +313,14 @@ def tokenize(data: bytes, allowed: Callable[[str], bool], *, newobj: bool = Fals
                 if data[pos:pos + 2] != bytes((0x28, op)):
                     break
                 pos += 2
-                opcodes += 2
         elif op == 0x58:  # BINUNICODE of 128 bytes or more
             if pos + 5 > n:
                 raise Decline("truncated")
             size = _U32.unpack_from(data, pos + 1)[0]
             if size > limits.max_str_bytes:
                 raise Decline("a string past Limits.max_str_bytes")
+            if counting:
+                long_strings.append((pos, pos + 5 + size))
             pos += 5 + size
         elif op == 0x63:  # GLOBAL
             nl1 = data.find(b"\n", pos + 1)
@@ -291,6 +347,9 @@ def tokenize(data: bytes, allowed: Callable[[str], bool], *, newobj: bool = Fals
             if index >= _MAX_MEMO_INDEX_FLOOR:   # (the cap is never below the floor)
                 if memo_cap is None:   # one pass over the pickle: only if an index needs it
                     memo_cap = memo_index_cap(data)
+                    bits = _memo_bits(min(memo_cap, limits.max_memo_entries))
+                    if bits > _MEMO_BITS:   # from here the run takes indexes below 2**bits
+                        match = run_pattern(newobj, bits).match
                 if index >= memo_cap:
                     raise Decline("memo index out of range")
             top_index = max(top_index, index)
@@ -323,14 +382,13 @@ def tokenize(data: bytes, allowed: Callable[[str], bool], *, newobj: bool = Fals
             break
         elif ran:  # the run stopped at _CHUNK opcodes, not at this one: walk on
             items -= 1
-            opcodes -= 1
             continue
         else:  # incl. NEWOBJ: torch accepts it for a few classes only, left to the exact path
             raise Decline(f"opcode {op} is not accepted here")
         if pos > n:
             raise Decline("argument past end")
     if counting:
-        toks.opcodes = opcodes
+        toks.opcodes = count_opcodes(data, toks.end, long_strings)
     _check_counts(data, toks.opcodes, top_index, limits)
     if pieces:
         pieces.append(data[piece_start:toks.end])

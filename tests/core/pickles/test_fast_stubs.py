@@ -182,6 +182,26 @@ def test_the_cap_is_counted_only_when_an_index_past_the_floor_needs_it() -> None
         tokenize(data, lambda name: False)
 
 
+def test_past_the_floor_the_run_takes_the_indexes_the_pickle_could_number() -> None:
+    """A pickle of 2.2 M memo entries: once the loop meets an index past 2**20 it counts the
+    cap (~2.2 M) and the run takes indexes below 2**21 from there (a million-tensor pickle
+    would otherwise reach the loop at every PUT). An index past the cap, even below 2**22,
+    still reaches the loop and is declined."""
+    count = 2_200_000
+    batches = (b"(" + b"".join(b"Nr" + i.to_bytes(4, "little") for i in range(start, start + 1000))
+               + b"e" for start in range(1, count, 1000))   # as pickle writes a list
+    data = b"\x80\x02]q\x00" + b"".join(batches) + b"."
+    assert 1 << 21 <= memo_index_cap(data) < 2_500_000
+    from ckptguard.core.pickle.fast import tokenize as walk
+
+    with mock.patch.object(walk, "run_pattern", wraps=walk.run_pattern) as patterns:
+        assert tokenize(data, lambda name: False).end == len(data)
+    assert [c.args for c in patterns.call_args_list] == [(False,), (False, 21)]
+    past = data[:-1] + b"(Nr" + (2_500_000).to_bytes(4, "little") + b"e."
+    with pytest.raises(Decline, match="memo index out of range"):
+        tokenize(past, lambda name: False)
+
+
 _VALUES = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8)
     | st.binary(max_size=8),
