@@ -12,7 +12,7 @@ next `fault_times` requests (None: for all):
     etag_changes         a new ETag on every response
     no_validators        no ETag, no Last-Modified
     drop_mid_body        full headers, half the body, then the connection is cut
-    stall                sleep `stall_seconds` before answering
+    stall                wait `stall_seconds` before answering (or until `release_stalls()`)
     status               answer `status` (e.g. 403, 404, 500) with a small body
     redirect             302 to `redirect_to` (keeps nothing: the client must re-send Range)
     gzip                 claim Content-Encoding: gzip
@@ -30,7 +30,6 @@ from __future__ import annotations
 import os
 import re
 import threading
-import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -68,6 +67,7 @@ class RangeServer:
         self.status = 500
         self.redirect_to = ""
         self.stall_seconds = 5.0
+        self.unstall = threading.Event()   # set: stalled requests (and later ones) answer at once
         self.etag_counter = 0
         self.lock = threading.Lock()
         self._httpd = _QuietServer(("127.0.0.1", 0), _make_handler(self))
@@ -84,8 +84,14 @@ class RangeServer:
     def set_fault(self, fault: str | None, times: int | None = None, **kw: Any) -> None:
         with self.lock:
             self.fault, self.fault_times = fault, times
+            self.unstall.clear()
             for k, v in kw.items():
                 setattr(self, k, v)
+
+    def release_stalls(self) -> None:
+        """End the stalls now: a test that no longer needs a read held (its point is made)
+        does not wait out `stall_seconds`."""
+        self.unstall.set()
 
     def take_fault(self, path: str) -> str | None:
         with self.lock:
@@ -185,7 +191,7 @@ def _make_handler(server: RangeServer) -> type[BaseHTTPRequestHandler]:
             path = self.path.split("?", 1)[0]
             fault = server.take_fault(path)
             if fault == "stall":
-                time.sleep(server.stall_seconds)
+                server.unstall.wait(server.stall_seconds)
             if fault == "status":
                 self._finish(server.status, {"Content-Length": "5"}, b"nope\n", head=head, fault=fault)
                 return

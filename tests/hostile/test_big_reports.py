@@ -9,6 +9,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -46,8 +47,15 @@ def checkpoint() -> bytes:
 def first(server: Server, checkpoint: bytes) -> httpx.Response:
     r = httpx.post(f"{server.url}/scan", files={"file": ("views.pt", checkpoint)}, timeout=600)
     assert r.status_code == 200, r.text[:500]
-    assert r.json()["verdict"] == "safe" and len(r.json()["tensors"]) == VIEWS
     return r
+
+
+@pytest.fixture(scope="module")
+def report(first: httpx.Response) -> dict[str, Any]:
+    """`first`'s body, parsed once for the module: each parse of its 13 MB takes about a second."""
+    doc: dict[str, Any] = first.json()
+    assert doc["verdict"] == "safe" and len(doc["tensors"]) == VIEWS
+    return doc
 
 
 def _db(data_dir: Path) -> sa.Engine:
@@ -92,8 +100,9 @@ class HealthProbe:
         self._thread.join()
 
 
-def test_the_report_is_stored_and_served_as_it_was_answered(server: Server, first: httpx.Response) -> None:
-    scan_id = first.json()["id"]
+def test_the_report_is_stored_and_served_as_it_was_answered(server: Server, first: httpx.Response,
+                                                            report: dict[str, Any]) -> None:
+    scan_id = report["id"]
     with HealthProbe(server) as probe, \
             httpx.stream("GET", f"{server.url}/scans/{scan_id}", timeout=600) as r:
         assert r.headers["content-type"] == "application/json"
@@ -103,9 +112,9 @@ def test_the_report_is_stored_and_served_as_it_was_answered(server: Server, firs
     assert probe.count > 0 and probe.slowest < HEALTH_BOUND_S, probe.slowest
 
 
-def test_healthz_answers_while_slow_readers_download_and_lists_run(server: Server,
-                                                                   first: httpx.Response) -> None:
-    scan_id = first.json()["id"]
+def test_healthz_answers_while_slow_readers_download_and_lists_run(
+        server: Server, first: httpx.Response, report: dict[str, Any]) -> None:
+    scan_id = report["id"]
     sizes: list[int] = []
 
     def slow_reader() -> None:
@@ -132,9 +141,9 @@ def test_healthz_answers_while_slow_readers_download_and_lists_run(server: Serve
     assert probe.count > 0 and probe.slowest < HEALTH_BOUND_S, probe.slowest
 
 
-def test_the_list_has_summaries_never_a_manifest(server: Server, first: httpx.Response) -> None:
+def test_the_list_has_summaries_never_a_manifest(server: Server, report: dict[str, Any]) -> None:
     r = httpx.get(f"{server.url}/scans", params={"format": "torch-zip"}, timeout=60)
-    item = next(i for i in r.json()["items"] if i["id"] == first.json()["id"])
+    item = next(i for i in r.json()["items"] if i["id"] == report["id"])
     assert len(r.content) < 64 * 1024
     assert set(item) == {"id", "created_at", "cached", "source", "format", "verdict", "scanner",
                          "counts", "findings"}
@@ -146,9 +155,8 @@ def test_the_list_has_summaries_never_a_manifest(server: Server, first: httpx.Re
     assert short["links"]["tensors"] == f"/scans/{item['id']}/tensors"
 
 
-def test_tensor_pages(server: Server, first: httpx.Response) -> None:
-    scan_id = first.json()["id"]
-    report = first.json()
+def test_tensor_pages(server: Server, report: dict[str, Any]) -> None:
+    scan_id = report["id"]
     url = f"{server.url}/scans/{scan_id}/tensors"
     page = httpx.get(url, params={"name": "BLOCK49.VIEW1", "sort": "-nbytes", "limit": 7}, timeout=60).json()
     expected = sorted(((t["nbytes"], i) for i, t in enumerate(report["tensors"])
@@ -176,22 +184,24 @@ def test_tensor_pages(server: Server, first: httpx.Response) -> None:
     assert view_name(0) == report["tensors"][0]["name"]
 
 
-def test_a_cache_hit_stores_no_copy_and_delete_frees_it(server: Server, first: httpx.Response,
+def test_a_cache_hit_stores_no_copy_and_delete_frees_it(server: Server, report: dict[str, Any],
                                                        checkpoint: bytes, data_dir: Path) -> None:
     before = _counts(data_dir)
-    again = httpx.post(f"{server.url}/scan", files={"file": ("again.pt", checkpoint)}, timeout=600)
-    assert again.json()["cached"] is True and again.json()["id"] != first.json()["id"]
+    answer = httpx.post(f"{server.url}/scan", files={"file": ("again.pt", checkpoint)}, timeout=600)
+    again = answer.json()   # parsed once: 13 MB
+    first_id, again_id = report["id"], again["id"]
+    assert again["cached"] is True and again_id != first_id
     after = _counts(data_dir)
     assert after == {**before, "scans": before["scans"] + 1}        # one record, nothing else
-    assert httpx.delete(f"{server.url}/scans/{first.json()['id']}", timeout=60).status_code == 204
-    assert httpx.get(f"{server.url}/scans/{first.json()['id']}", timeout=60).status_code == 404
+    assert httpx.delete(f"{server.url}/scans/{first_id}", timeout=60).status_code == 204
+    assert httpx.get(f"{server.url}/scans/{first_id}", timeout=60).status_code == 404
     assert _counts(data_dir)["tensor_keys"] == after["tensor_keys"]   # still referenced
-    assert httpx.get(f"{server.url}/scans/{again.json()['id']}/tensors", timeout=60).json()["total"] == VIEWS
-    assert httpx.delete(f"{server.url}/scans/{again.json()['id']}", timeout=60).status_code == 204
+    assert httpx.get(f"{server.url}/scans/{again_id}/tensors", timeout=60).json()["total"] == VIEWS
+    assert httpx.delete(f"{server.url}/scans/{again_id}", timeout=60).status_code == 204
     gone = _counts(data_dir)
     assert gone["analyses"] == after["analyses"] - 1
     assert gone["tensor_keys"] == after["tensor_keys"] - VIEWS
-    r = httpx.delete(f"{server.url}/scans/{again.json()['id']}", timeout=60)
+    r = httpx.delete(f"{server.url}/scans/{again_id}", timeout=60)
     assert r.status_code == 404 and r.json()["code"] == "SCAN_NOT_FOUND"
 
 

@@ -213,16 +213,37 @@ def test_restart_resumes_unfinished_work(make_client: MakeClient, hub: FakeHub,
     deliver(first, payload(REV_A))
     while not any(e.path == slow for e in hub.storage.log):
         threading.Event().wait(0.05)
-    first.__exit__(None, None, None)                       # stop mid-job
     doc = first.app.state.hub.db  # type: ignore[attr-defined]
+
+    def file_jobs() -> dict[str, int]:
+        with doc.engine.connect() as conn:
+            return dict(conn.execute(sa.text(
+                "SELECT status::text, count(*) FROM procrastinate_jobs WHERE task_name = 'hub.file' "
+                "GROUP BY status")).all())
+
+    def handed_back() -> bool:
+        if doc.engine.dialect.name == "sqlite":
+            return bool(doc.find_job("model", REPO, REV_A).state == "queued")
+        states = file_jobs()
+        return states.get("todo", 0) >= 1 and "doing" not in states
+
+    # stop mid-job, the stalled read still holding the file: the stop hands the job back,
+    # then waits for that read's thread, which the stall is released to end at once
+    stopping = threading.Thread(target=first.__exit__, args=(None, None, None))
+    stopping.start()
+    try:
+        deadline = time.monotonic() + 60
+        while stopping.is_alive() and not handed_back() and time.monotonic() < deadline:
+            threading.Event().wait(0.05)
+    finally:
+        hub.storage.release_stalls()
+        stopping.join(60)
+    assert not stopping.is_alive()
     job = doc.find_job("model", REPO, REV_A)
     if doc.engine.dialect.name == "sqlite":
         assert job.state == "queued"                       # handed back, not left to the lease
     else:   # procrastinate: the file's job is handed back (todo), none left running
-        with doc.engine.connect() as conn:
-            states = dict(conn.execute(sa.text(
-                "SELECT status::text, count(*) FROM procrastinate_jobs WHERE task_name = 'hub.file' "
-                "GROUP BY status")).all())
+        states = file_jobs()
         assert states.get("todo", 0) >= 1 and "doing" not in states, states
     done_before = {f.path: f.report_id for f in doc.files(job.id) if f.state == "done"}
     second = make_client()
