@@ -26,7 +26,7 @@ from tests.hub.test_service import Receiver
 pytestmark = pytest.mark.e2e
 
 REPO = "acme/fleet"
-REVISIONS = 20
+REVISIONS = 12   # the kill lands after 5 are done: 2 leased by the victim, 5 still queued
 STALL_S = 60.0   # a read that hangs past the remote client's read timeout (30 s)
 
 
