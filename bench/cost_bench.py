@@ -20,7 +20,9 @@ Writes into a temp dir (deleted afterwards) and prints one table:
   remote       the 100,000-tensor file over HTTP Range from tests/rangeserver.py on 127.0.0.1
                (and with 50 ms added to every answer) vs the same scan from disk: requests,
                round trips and bytes read;
-  --million    the 1,000,000-tensor safetensors file: scan time and report size.
+  --million    the 1,000,000-tensor safetensors file: scan time and report size; and a
+               torch.save of 1,000,000 views of one storage (a ~100 MB data.pkl, past
+               Limits.max_opcodes in bytes, so the walk counts its opcodes) vs torch.load.
 """
 
 from __future__ import annotations
@@ -192,6 +194,39 @@ def million_safetensors(tmp: Path) -> None:
     _row(f"{scan_s:.1f}", f"{size:,}", f"{dump_s:.1f}", report.verdict, f"{len(report.tensors):,}")
 
 
+def million_torch(tmp: Path) -> None:
+    """torch.save of 1,000,000 one-element views of one storage: a data.pkl larger than
+    Limits.max_opcodes in bytes, whose opcodes the walk counts to keep it on the fast path."""
+    import zipfile
+
+    from ckptguard.core.io.source import FileSource
+    from ckptguard.core.lane import torch_zip
+    from ckptguard.core.limits import DEFAULT_LIMITS
+    from ckptguard.core.scan import scan_path
+    from ckptguard.core.state import Analysis
+
+    path = tmp / "1m.pt"
+    base = torch.zeros(1_000_000)
+    torch.save({f"model.layers.{i}.weight": base[i:i + 1] for i in range(len(base))}, path)
+    del base
+    with zipfile.ZipFile(path) as archive:
+        pkl = next(i.file_size for i in archive.infolist() if i.filename.endswith("/data.pkl"))
+    t = time.perf_counter()
+    verdict = scan_path(path).verdict
+    scan_s = time.perf_counter() - t
+    with FileSource(str(path)) as src:
+        lane = torch_zip.try_torch_zip(src, Analysis())
+    t = time.perf_counter()
+    loaded = torch.load(path, weights_only=True, mmap=True)
+    torch_s = time.perf_counter() - t
+    del loaded
+    print(f"\n### 1,000,000-tensor torch.save (data.pkl {pkl / 1e6:.0f} MB, "
+          f"max_opcodes {DEFAULT_LIMITS.max_opcodes:,})\n")
+    _row("ckptguard s", "torch.load s", "ratio", "verdict", "fast lane")
+    _row("---", "---", "---", "---", "---")
+    _row(f"{scan_s:.1f}", f"{torch_s:.1f}", f"{torch_s / scan_s:.1f}x", verdict, lane)
+
+
 def cold_start(tmp: Path, ten_k: Path, pythons: list[str]) -> None:
     import pickle
 
@@ -336,6 +371,7 @@ def main() -> None:
             remote(tmp)
         if args.million:
             million_safetensors(tmp)
+            million_torch(tmp)
 
 
 if __name__ == "__main__":

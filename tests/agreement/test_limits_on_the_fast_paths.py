@@ -30,6 +30,7 @@ from ckptguard.core.pickle.fast.tokenize import tokenize
 from ckptguard.core.pickle.vm import run_vm
 from ckptguard.core.torch.weights_only import emulate
 from tests.agreement import assert_agree
+from tests.builders.pickle_asm import asm
 from tests.builders.torchlayout import torch_layout
 
 
@@ -186,3 +187,55 @@ def test_a_string_cap_under_what_the_walk_takes_unchecked_declines_every_pickle(
     assert tokenize(pkl, lambda name: True).end == len(pkl)
     with pytest.raises(Decline, match="string cap"):
         tokenize(pkl, lambda name: True, limits=records.replace(DEFAULT_LIMITS, max_str_bytes=254))
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("max_depth", [1, 2, 3, 4])
+def test_the_runs_own_nesting_counts_against_max_depth(max_depth: int) -> None:
+    """A tensor entry nests two MARKs inside the state_dict's batch, a flat tuple one: the walk
+    takes them in one regex branch only where that nesting fits under the cap, and
+    otherwise walks each MARK itself. Views of one storage (its key from the memo), shapes of
+    4 dims (MARK ... TUPLE), a list of 4-tuples."""
+    torch = pytest.importorskip("torch")
+    base = torch.arange(48.0)
+    data = _data_pkl({"a": base[:24].view(1, 2, 3, 4), "b": base[24:], "c": base[1:5],
+                      "rows": [(1, 2, 3, 4), (5, 6, 7, 8)]})
+    limits = records.replace(DEFAULT_LIMITS, max_depth=max_depth)
+    hit = _exact_caps_hit(data, limits)
+    try:
+        tokenize(data, lambda name: True, limits=limits)
+    except Decline:
+        assert hit, "declined, but no exact interpreter stops at a cap"
+        return
+    assert not hit
+
+
+def _entry_below_memoized_globals() -> bytes:
+    """{'g': _rebuild_tensor_v2, 's': FloatStorage, 'o': OrderedDict, ..., 't': a tensor}: the
+    globals are memoized in the dict's batch, so the tensor entry is all GETs and the walk's
+    regex takes it in one branch, two MARKs below the batch's."""
+    return asm(("PROTO", 2), "EMPTY_DICT", ("BINPUT", 0), "MARK",
+               ("BINUNICODE", "g"), ("GLOBAL", "torch._utils", "_rebuild_tensor_v2"), ("BINPUT", 1),
+               ("BINUNICODE", "s"), ("GLOBAL", "torch", "FloatStorage"), ("BINPUT", 2),
+               ("BINUNICODE", "o"), ("GLOBAL", "collections", "OrderedDict"), ("BINPUT", 3),
+               ("BINUNICODE", "k"), ("BINUNICODE", "storage"), ("BINPUT", 4),
+               ("BINUNICODE", "c"), ("BINUNICODE", "cpu"), ("BINPUT", 5),
+               ("BINUNICODE", "t"), ("BINPUT", 6),
+               ("BINGET", 1), "MARK", "MARK", ("BINGET", 4), ("BINGET", 2), ("BINUNICODE", "0"),
+               ("BINPUT", 7), ("BINGET", 5), ("BININT1", 2), "TUPLE", ("BINPUT", 8), "BINPERSID",
+               ("BININT1", 0), ("BININT1", 2), "TUPLE1", ("BINPUT", 9), ("BININT1", 1), "TUPLE1",
+               ("BINPUT", 10), "NEWFALSE", ("BINGET", 3), "EMPTY_TUPLE", "REDUCE", ("BINPUT", 11),
+               "TUPLE", ("BINPUT", 12), "REDUCE", ("BINPUT", 13), "SETITEMS", "STOP")
+
+
+@pytest.mark.parametrize("max_depth", [2, 3])
+def test_a_tensor_entry_in_one_branch_still_counts_its_two_marks(max_depth: int) -> None:
+    data = _entry_below_memoized_globals()
+    limits = records.replace(DEFAULT_LIMITS, max_depth=max_depth)
+    hit = _exact_caps_hit(data, limits)
+    assert bool(hit) is (max_depth == 2), hit
+    if hit:
+        with pytest.raises(Decline, match="max_depth"):
+            tokenize(data, lambda name: True, limits=limits)
+    else:
+        assert tokenize(data, lambda name: True, limits=limits).end == len(data)

@@ -98,11 +98,14 @@ def _long_binput(bits: int) -> bytes:
     return rb"r" + _any(2) + rb"[\x00-" + top + rb"]\x00"
 
 
-def _one_opcode(bits: int) -> bytes:
-    return (rb"[Ras\x85\x86\x87)\x8fN\x88\x89Q]|[Khq](?s:.)"
-            rb"|M(?s:.){2}"
-            rb"|X(?:" + _SHORT_UNICODE + rb")"
+def _plain_opcode(bits: int) -> bytes:
+    """One opcode of the run but a string."""
+    return (rb"[Ras\x85\x86\x87)\x8fN\x88\x89Q]|[Khq](?s:.)|M(?s:.){2}"
             rb"|[Jj](?s:.){4}|" + _long_binput(bits) + rb"|G(?s:.){8}")
+
+
+def _one_opcode(bits: int) -> bytes:
+    return _plain_opcode(bits) + rb"|X(?:" + _SHORT_UNICODE + rb")"
 
 
 _ONE_OPCODE = _one_opcode(_MEMO_BITS)
@@ -120,7 +123,9 @@ _ONE_OPCODE = _one_opcode(_MEMO_BITS)
 # instructions, not 369 M, and compiling the walk 43 M, not 46 M (callgrind).
 _GET = rb"(?:h" + _any(1) + rb"|j" + _any(4) + rb")"
 _INT = rb"(?:K" + _any(1) + rb"|M" + _any(2) + rb"|J" + _any(4) + rb")"
-_STORAGE_KEY = rb"X(?:" + _short_unicode(16) + rb")"
+# torch writes str(int) as a storage's key; a view of a storage named before gets it from
+# the memo
+_STORAGE_KEY = rb"(?:X(?:" + _short_unicode(16) + rb")|" + _GET + rb")"
 
 
 def _tensor_entry(bits: int) -> bytes:
@@ -147,13 +152,26 @@ _TENSOR_ENTRY = _tensor_entry(_MEMO_BITS)
 _CHUNK = 1024
 
 
+# The deepest the run's own branches nest MARKs: a tensor entry's arguments and its size
+# tuple; a flat tuple one. The loop counts every other MARK, so it knows the nesting where a
+# run starts, and takes a run without those branches where 2 more levels would pass
+# Limits.max_depth (real pickles nest a few levels; the cap is 10,000).
+_RUN_NESTING = 2
+
+
 @functools.cache
-def run_pattern(newobj: bool, bits: int = _MEMO_BITS) -> re.Pattern[bytes]:
+def run_pattern(newobj: bool, bits: int = _MEMO_BITS, nested: bool = True) -> re.Pattern[bytes]:
     """The compiled walk (compiled on first use: ~7-14 ms each, which a process that scans
     one small pickle, or no pickle at all, need not pay). With `newobj` it lets NEWOBJ
-    through too (core.pickle.fast.stubs's stubs judge it)."""
-    branches = _tensor_entry(bits) + (rb"|\x81|" if newobj else rb"|") + _one_opcode(bits)
-    return re.compile(rb"(?:" + branches + rb"){0,%d}" % _CHUNK)
+    through too (core.pickle.fast.stubs's stubs judge it); without `nested`, every MARK is
+    the loop's. (`tokenize` passes all three arguments: the cache keys on how it is called.)"""
+    one = _one_opcode(bits)
+    branches = (rb"|\x81|" if newobj else rb"|") + one
+    if nested:   # a tuple of up to 64 opcodes but strings (a shape, a row of numbers): one
+        # branch (with strings it would hold a second copy of their 128 branches to compile)
+        branches = (_tensor_entry(bits) + rb"|\x28(?:" + _plain_opcode(bits) + rb"){0,64}t"
+                    + branches)
+    return re.compile(rb"(?:" + branches.lstrip(b"|") + rb"){0,%d}" % _CHUNK)
 
 
 def _memo_bits(cap: int) -> int:
@@ -267,7 +285,9 @@ def tokenize(data: bytes, allowed: Callable[[str], bool], *, newobj: bool = Fals
     toks = Tokens()
     pos = 0
     n = len(data)
-    match = run_pattern(newobj).match
+    bits = _MEMO_BITS
+    shallow = limits.max_depth - _RUN_NESTING   # open MARKs up to which the run may nest more
+    match = run_pattern(newobj, bits, shallow >= 0).match
     pieces: list[bytes] = []
     piece_start = 0
     memo_cap: int | None = None   # memo_index_cap, counted when an index past the floor needs it
@@ -296,16 +316,22 @@ def tokenize(data: bytes, allowed: Callable[[str], bool], *, newobj: bool = Fals
             if len(marks) >= max_depth:
                 raise Decline("MARK nesting might pass Limits.max_depth")
             marks.append(items - 1)
+            if len(marks) == shallow + 1:
+                match = run_pattern(newobj, bits, False).match
             pos += 1
         elif op == 0x74:  # TUPLE: the frame's items become one
             if not marks:
                 raise Decline("TUPLE without MARK")
             items = marks.pop() + 1
+            if len(marks) == shallow:
+                match = run_pattern(newobj, bits, True).match
             pos += 1
         elif op == 0x75 or op == 0x65:  # SETITEMS, APPENDS: the frame's items go into the
             if not marks:               # dict or list below the MARK
                 raise Decline("a batch without MARK")
             items = marks.pop()
+            if len(marks) == shallow:
+                match = run_pattern(newobj, bits, True).match
             pos += 1
             # empty batches on the same object (what pickle writes after an exact multiple
             # of 1000 items): the C unpickler could only store their items into a dict/list
@@ -348,8 +374,8 @@ def tokenize(data: bytes, allowed: Callable[[str], bool], *, newobj: bool = Fals
                 if memo_cap is None:   # one pass over the pickle: only if an index needs it
                     memo_cap = memo_index_cap(data)
                     bits = _memo_bits(min(memo_cap, limits.max_memo_entries))
-                    if bits > _MEMO_BITS:   # from here the run takes indexes below 2**bits
-                        match = run_pattern(newobj, bits).match
+                    # from here the run takes indexes below 2**bits
+                    match = run_pattern(newobj, bits, len(marks) <= shallow).match
                 if index >= memo_cap:
                     raise Decline("memo index out of range")
             top_index = max(top_index, index)
