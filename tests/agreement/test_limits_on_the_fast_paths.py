@@ -134,7 +134,7 @@ def _exact_caps_hit(data: bytes, limits: Limits) -> list[str]:
     return hit
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(value=_values, limits=_small_limits, copies=st.integers(1, 3))
 def test_what_the_walk_accepts_no_exact_interpreter_stops_at_a_cap(
         value: Any, limits: Limits, copies: int) -> None:
@@ -239,3 +239,17 @@ def test_a_tensor_entry_in_one_branch_still_counts_its_two_marks(max_depth: int)
             tokenize(data, lambda name: True, limits=limits)
     else:
         assert tokenize(data, lambda name: True, limits=limits).end == len(data)
+
+
+def test_a_run_of_marks_stops_the_walk_at_the_opcode_cap() -> None:
+    """MARKs outside a regex branch cost the walk a Python step each: each step takes at least
+    one opcode, so past max_opcodes steps the walk declines without walking on (or counting)."""
+    from unittest import mock
+
+    pkl = b"\x80\x02](" + b"((tt" * 5_000 + b"e."
+    limits = records.replace(DEFAULT_LIMITS, max_opcodes=2_000)
+    assert _exact_caps_hit(pkl, limits)
+    with mock.patch("ckptguard.core.pickle.fast.tokenize.count_opcodes",
+                    side_effect=AssertionError("walked to the end")), \
+            pytest.raises(Decline, match="pass Limits.max_opcodes"):
+        tokenize(pkl, lambda name: True, limits=limits)

@@ -18,6 +18,7 @@ NOT_OURS = {
     "sniff.py:_MAX_CHAIN": "how many GNU/pax headers tarfile chains before a member",
     # thresholds where a C-speed path declines to the exact engine (no verdict depends on them)
     "pickle/fast/tokenize.py:_MAX_MEMO_INDEX_FLOOR": "fast-path decline threshold",
+    "pickle/fast/tokenize.py:_MAX_MEMO_BITS": "the widest memo index the fast path's regex takes",
     "lane/torch_zip.py:_MAX_NUMEL": "fast-lane decline threshold",
     "torch/rules.py:MAX_COLUMN_EXTENT": "fast-lane decline threshold",
     "torch/rules.py:MAX_COLUMN_DIMS": "fast-lane decline threshold",

@@ -18,11 +18,12 @@ are built so the C `_pickle.Unpickler` does almost everything itself:
   storage, not the id, so the id itself (a memoized pid tuple fetched again) or the
   result fed to BINPERSID again must not pass for one (checked by identity in fastlane).
 
-`tokenize` walks every opcode first (one compiled regex; only GLOBAL, PROTO, EMPTY_LIST
-and unusual lengths reach Python) and declines on any opcode torch's unpickler refuses,
-on NEWOBJ (torch accepts it only for a few classes), on any global outside the allowlist
-and on large memo indexes. Anything unusual raises `Decline`: the caller then uses the
-exact interpreters, so this path can only be faster, never different.
+`tokenize` walks every opcode first (one compiled regex; GLOBAL, PROTO, EMPTY_LIST, MARK
+outside a tensor entry and unusual lengths reach Python) and declines on any opcode torch's
+unpickler refuses, on NEWOBJ (torch accepts it only for a few classes), on any global
+outside the allowlist, on large memo indexes and wherever a cap of `Limits` might be
+reached. Anything unusual raises `Decline`: the caller then uses the exact interpreters,
+so this path can only be faster, never different.
 """
 
 from __future__ import annotations

@@ -6,8 +6,9 @@ Strategy (the bench behind it: bench/scan_bench.py): the exact interpreters
 Most checkpoints are clean, so we first try to prove this one is:
 
 1. `core.pickle.fast.tokenize.tokenize` walks the opcodes exactly (one compiled regex,
-   the length-prefixed ones in Python) and declines unless every opcode is in torch's
-   accepted set, every GLOBAL is allowlisted and every memo index is small;
+   the length-prefixed ones and MARKs in Python) and declines unless every opcode is in
+   torch's accepted set, every GLOBAL is allowlisted, every memo index is small and no
+   cap of `Limits` can be reached;
 2. the C `_pickle.Unpickler` then builds the value graph, but `find_class` returns only
    our own inert stub classes and `persistent_load` our `PersId` nodes. The stubs
    accept exactly the operations torch's restricted unpickler accepts on a clean

@@ -19,12 +19,13 @@ hash each tuple of a DAG once.
 
 from __future__ import annotations
 
+import array
 import functools
 import io
 import pickle
 import re
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ckptguard.core.errors import Decline
@@ -56,13 +57,13 @@ def memo_index_cap(data: bytes) -> int:
 
 # Fixed-size opcodes torch accepts (FORMATS.md §3.4), as one run: REDUCE APPEND SETITEM
 # TUPLE1-3 EMPTY_TUPLE EMPTY_SET NONE NEWTRUE NEWFALSE BINPERSID; BININT1 BINGET BINPUT;
-# BININT2; BININT LONG_BINGET; BINFLOAT; LONG_BINPUT below 2**20; BINUNICODE under 128 bytes
-# (one branch per length, so the regex engine skips the string at C speed).
-# MARK and what closes a MARK (TUPLE, APPENDS, SETITEMS) reach Python, outside the tensor
-# entry below (whose MARKs are closed within it): the loop keeps the open MARKs, so it knows
-# their nesting and bounds the stack (the caps above `tokenize`). Real pickles open a MARK
-# per batch of 1000 items, per dict and per long tuple: a few Python steps per thousand
-# opcodes.
+# BININT2; BININT LONG_BINGET; BINFLOAT; LONG_BINPUT below 2**bits (`_long_binput`);
+# BINUNICODE under 128 bytes (one branch per length, so the regex engine skips the string
+# at C speed). MARK and what closes a MARK (TUPLE, APPENDS, SETITEMS) reach Python, outside
+# the tensor entry and the flat tuple below (whose MARKs close within them): the loop keeps
+# the open MARKs, so it knows their nesting and bounds the stack (the caps above
+# `tokenize`). Real pickles open a MARK per batch of 1000 items, per dict and per long
+# tuple: a few Python steps per thousand opcodes.
 # BUILD, NEWOBJ, GLOBAL, PROTO, EMPTY_LIST, EMPTY_DICT, SHORT_BINSTRING, LONG1, longer
 # strings and STOP are handled in Python too.
 
@@ -225,14 +226,14 @@ def _count_span(data: bytes, start: int, end: int) -> int:
     return count
 
 
-def count_opcodes(data: bytes, end: int, long_strings: list[tuple[int, int]]) -> int:
+def count_opcodes(data: bytes, end: int, long_strings: Sequence[int]) -> int:
     """The opcodes of `data[:end]`, a pickle the walk accepted, whose BINUNICODE opcodes of
-    128 bytes or more span `long_strings` ((start, end) each, in order)."""
-    count = len(long_strings)
+    128 bytes or more span `long_strings` (start, end, start, end, ... in order)."""
+    count = len(long_strings) // 2
     pos = 0
-    for string_start, string_end in long_strings:
-        count += _count_span(data, pos, string_start)
-        pos = string_end
+    for i in range(0, len(long_strings), 2):
+        count += _count_span(data, pos, long_strings[i])
+        pos = long_strings[i + 1]
     return count + _count_span(data, pos, end)
 
 
@@ -259,7 +260,8 @@ class Tokens:
 # and the exact interpreters give it the report they give every pickle past a cap: the fast
 # paths stay an accelerator that never changes an answer. Each bound below is at least what
 # the exact interpreters count, and close to it for a real checkpoint:
-# - MARK nesting: counted exactly (every MARK outside a tensor entry reaches the loop).
+# - MARK nesting: counted exactly (every MARK outside a tensor entry or a flat tuple reaches
+#   the loop, and those branches run only where their own nesting fits: _RUN_NESTING).
 # - the stack (core.pickle.vm counts every frame's items): an opcode pushes at most one item,
 #   so the items of an open frame are at most the bytes walked in it, and a frame that
 #   closes leaves at most one item (its tuple) in place of its own.
@@ -296,9 +298,15 @@ def tokenize(data: bytes, allowed: Callable[[str], bool], *, newobj: bool = Fals
     items = 0                     # bound on the items on the stack, all frames together
     # opcodes are counted only where the bytes alone do not keep them under the caps
     counting = n > min(limits.max_opcodes, limits.max_container_items)
-    long_strings: list[tuple[int, int]] = []   # where the count must step over a string
+    long_strings = array.array("q")   # start, end of each string the count steps over
     top_index = -1                # largest memo index the loop saw (past the floor)
+    # Each step of the loop takes at least one opcode: past max_opcodes steps the pickle is
+    # past the cap, and a hostile run of MARKs (two steps per four bytes) stops there.
+    steps_left = limits.max_opcodes
     while True:
+        steps_left -= 1
+        if steps_left < 0:
+            raise Decline("the opcodes pass Limits.max_opcodes")
         run_end = match(data, pos).end()   # type: ignore[union-attr]  # {0,N} always matches
         ran = run_end != pos
         items += run_end - pos + 1         # the run's bytes, and the opcode below
@@ -346,7 +354,7 @@ def tokenize(data: bytes, allowed: Callable[[str], bool], *, newobj: bool = Fals
             if size > limits.max_str_bytes:
                 raise Decline("a string past Limits.max_str_bytes")
             if counting:
-                long_strings.append((pos, pos + 5 + size))
+                long_strings.extend((pos, pos + 5 + size))
             pos += 5 + size
         elif op == 0x63:  # GLOBAL
             nl1 = data.find(b"\n", pos + 1)
