@@ -251,5 +251,5 @@ def test_a_run_of_marks_stops_the_walk_at_the_opcode_cap() -> None:
     assert _exact_caps_hit(pkl, limits)
     with mock.patch("ckptguard.core.pickle.fast.tokenize.count_opcodes",
                     side_effect=AssertionError("walked to the end")), \
-            pytest.raises(Decline, match="pass Limits.max_opcodes"):
+            pytest.raises(Decline, match=r"pass Limits\.max_opcodes"):
         tokenize(pkl, lambda name: True, limits=limits)
