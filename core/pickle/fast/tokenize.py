@@ -99,10 +99,14 @@ def _long_binput(bits: int) -> bytes:
     return rb"r" + _any(2) + rb"[\x00-" + top + rb"]\x00"
 
 
+# Opcodes of a fixed size the run takes, but LONG_BINPUT (whose index is bounded) and MARK
+_FIXED_OPCODES = (rb"[Ras\x85\x86\x87)\x8fN\x88\x89Q]|[Khq](?s:.)|M(?s:.){2}|[Jj](?s:.){4}"
+                  rb"|G(?s:.){8}")
+
+
 def _plain_opcode(bits: int) -> bytes:
     """One opcode of the run but a string."""
-    return (rb"[Ras\x85\x86\x87)\x8fN\x88\x89Q]|[Khq](?s:.)|M(?s:.){2}"
-            rb"|[Jj](?s:.){4}|" + _long_binput(bits) + rb"|G(?s:.){8}")
+    return _FIXED_OPCODES + rb"|" + _long_binput(bits)
 
 
 def _one_opcode(bits: int) -> bytes:
@@ -203,9 +207,9 @@ def _one_byte_length(opcode: bytes) -> bytes:
 # One opcode, with exactly one way to match it (no two branches take the same bytes): a
 # block that fails part-way backtracks through its iterations once, never tries them anew.
 _COUNTED_OPCODE = (
-    rb"(?:[Ras\x85\x86\x87)\x8fN\x88\x89Q\x28teub\x5d\x7d\x81.]|[Khq\x80](?s:.)|M(?s:.){2}"
-    rb"|X(?:" + _SHORT_UNICODE + rb")|[Jjr](?s:.){4}|G(?s:.){8}"
-    rb"|c[^\n]*\n[^\n]*\n|" + _one_byte_length(b"U") + rb"|" + _one_byte_length(b"\x8a") + rb")")
+    rb"(?:" + _FIXED_OPCODES + rb"|[\x28teub\x5d\x7d\x81.]|\x80(?s:.)|r(?s:.){4}"
+    rb"|X(?:" + _SHORT_UNICODE + rb")|c[^\n]*\n[^\n]*\n|" + _one_byte_length(b"U")
+    + rb"|" + _one_byte_length(b"\x8a") + rb")")
 
 
 @functools.cache
@@ -324,26 +328,20 @@ def tokenize(data: bytes, allowed: Callable[[str], bool], *, newobj: bool = Fals
             if len(marks) >= max_depth:
                 raise Decline("MARK nesting might pass Limits.max_depth")
             marks.append(items - 1)
-            if len(marks) == shallow + 1:
+            if len(marks) == shallow + 1:   # too deep now for the run's nested branches
                 match = run_pattern(newobj, bits, False).match
             pos += 1
-        elif op == 0x74:  # TUPLE: the frame's items become one
-            if not marks:
-                raise Decline("TUPLE without MARK")
-            items = marks.pop() + 1
+        elif op == 0x74 or op == 0x75 or op == 0x65:   # TUPLE, SETITEMS, APPENDS close a
+            if not marks:   # MARK: its frame's items become one tuple, or go into the dict
+                raise Decline("a MARK closed that is not open")   # or list below the MARK
+            items = marks.pop() + (op == 0x74)
             if len(marks) == shallow:
                 match = run_pattern(newobj, bits, True).match
             pos += 1
-        elif op == 0x75 or op == 0x65:  # SETITEMS, APPENDS: the frame's items go into the
-            if not marks:               # dict or list below the MARK
-                raise Decline("a batch without MARK")
-            items = marks.pop()
-            if len(marks) == shallow:
-                match = run_pattern(newobj, bits, True).match
-            pos += 1
-            # empty batches on the same object (what pickle writes after an exact multiple
-            # of 1000 items): the C unpickler could only store their items into a dict/list
-            for _ in range(64):
+            # after a batch, empty batches on the same object (what pickle writes after an
+            # exact multiple of 1000 items): the C unpickler could only store their items
+            # into a dict/list
+            for _ in range(64 if op != 0x74 else 0):
                 if data[pos:pos + 2] != bytes((0x28, op)):
                     break
                 pos += 2
