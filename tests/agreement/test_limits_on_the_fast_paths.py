@@ -13,9 +13,7 @@ are shown with smaller limits.
 
 from __future__ import annotations
 
-import io
 import pickle
-import zipfile
 from typing import Any
 
 import pytest
@@ -32,6 +30,7 @@ from ckptguard.core.torch.weights_only import emulate
 from tests.agreement import assert_agree
 from tests.builders.pickle_asm import asm
 from tests.builders.torchlayout import torch_layout
+from tests.builders.torchsave import torch_data_pkl
 
 
 def _marks(depth: int, pad: int = 0) -> bytes:
@@ -155,14 +154,6 @@ def test_every_engine_gives_one_report_under_any_limits(value: Any, limits: Limi
 
 # ---- and the bounds leave real checkpoints on the fast paths under the default limits
 
-def _data_pkl(obj: Any) -> bytes:
-    torch = pytest.importorskip("torch")
-    buffer = io.BytesIO()
-    torch.save(obj, buffer)
-    with zipfile.ZipFile(buffer) as archive:
-        return archive.read(next(n for n in archive.namelist() if n.endswith("/data.pkl")))
-
-
 @pytest.mark.torch
 def test_a_training_checkpoint_is_walked_under_the_default_limits() -> None:
     """Model, optimizer state (a dict per parameter), param groups, a schedule, nested lists
@@ -175,7 +166,7 @@ def test_a_training_checkpoint_is_walked_under_the_default_limits() -> None:
     checkpoint = {"model": model.state_dict(), "optimizer": opt.state_dict(), "epoch": 3,
                   "history": [(i, float(i), "x" * 200, [i, i + 1, i + 2, i + 3]) for i in range(3_000)],
                   "shape": (1, 2, 3, 4, 5, 6)}
-    data = _data_pkl(checkpoint)
+    data = torch_data_pkl(checkpoint)
     toks = tokenize(data, lambda name: True, limits=DEFAULT_LIMITS)
     assert toks.end == len(data)
 
@@ -198,7 +189,7 @@ def test_the_runs_own_nesting_counts_against_max_depth(max_depth: int) -> None:
     4 dims (MARK ... TUPLE), a list of 4-tuples."""
     torch = pytest.importorskip("torch")
     base = torch.arange(48.0)
-    data = _data_pkl({"a": base[:24].view(1, 2, 3, 4), "b": base[24:], "c": base[1:5],
+    data = torch_data_pkl({"a": base[:24].view(1, 2, 3, 4), "b": base[24:], "c": base[1:5],
                       "rows": [(1, 2, 3, 4), (5, 6, 7, 8)]})
     limits = records.replace(DEFAULT_LIMITS, max_depth=max_depth)
     hit = _exact_caps_hit(data, limits)

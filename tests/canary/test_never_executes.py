@@ -21,6 +21,7 @@ import pytest
 from ckptguard.core.scan import scan_path
 from tests.builders.carriers import CARRIERS
 from tests.builders.pickle_asm import asm
+from tests.builders.torchsave import torch_data_pkl
 from tests.core.legacy.conftest import stream
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
@@ -123,12 +124,8 @@ def npy_object(pickled: bytes) -> bytes:
 
 
 def _torch_state_pkl() -> bytes:
-    import torch
-
-    buf = io.BytesIO()
-    torch.save({"w": torch.ones(2)}, buf)
-    with zipfile.ZipFile(io.BytesIO(buf.getvalue())) as zf:
-        return zf.read(next(n for n in zf.namelist() if n.endswith("/data.pkl")))
+    torch = pytest.importorskip("torch")
+    return torch_data_pkl({"w": torch.ones(2)})
 
 
 CONTAINERS: dict[str, tuple[str, Callable[[bytes], bytes]]] = {

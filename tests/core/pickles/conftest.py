@@ -3,21 +3,11 @@
 from __future__ import annotations
 
 import io
-import zipfile
 from collections.abc import Callable
 
 import pytest
 
-
-def torch_data_pkl(obj: object) -> bytes:
-    """The data.pkl record of `torch.save(obj)` (zip format)."""
-    import torch
-
-    buf = io.BytesIO()
-    torch.save(obj, buf)
-    with zipfile.ZipFile(io.BytesIO(buf.getvalue())) as zf:
-        name = next(n for n in zf.namelist() if n.endswith("/data.pkl"))
-        return zf.read(name)
+from tests.builders.torchsave import torch_data_pkl
 
 
 def torch_legacy_stream(obj: object) -> bytes:

@@ -7,12 +7,10 @@ the same opcodes, the same GLOBALs at the same positions, only opcodes torch acc
 from __future__ import annotations
 
 import functools
-import io
 import pickle
 import pickletools
 import random
 import re
-import zipfile
 from re import _constants as sre_constants
 from re import _parser as sre_parser
 from typing import Any
@@ -25,6 +23,7 @@ from ckptguard.core import records
 from ckptguard.core.errors import Decline
 from ckptguard.core.limits import DEFAULT_LIMITS, Limits
 from ckptguard.core.pickle.fast import tokenize as pickletoken
+from tests.builders.torchsave import torch_data_pkl
 
 _UNSOUND_ON_3_11_0_TO_4 = {sre_constants.POSSESSIVE_REPEAT, sre_constants.ATOMIC_GROUP}
 
@@ -137,13 +136,7 @@ def _torch_pickles() -> tuple[bytes, ...]:
               "view": base[3:9], "strided": base.view(4, 6)[:, ::2], "again": base,
               "param": torch.nn.Parameter(torch.ones(3)), "wide": torch.zeros(3, 300),
               "big": torch.zeros(70_000, 2)}
-    out = []
-    for value in (many, shapes, torch.nn.Linear(3, 2).state_dict()):
-        buffer = io.BytesIO()
-        torch.save(value, buffer)
-        with zipfile.ZipFile(buffer) as archive:
-            out.append(archive.read(next(n for n in archive.namelist() if n.endswith("/data.pkl"))))
-    return tuple(out)
+    return tuple(map(torch_data_pkl, (many, shapes, torch.nn.Linear(3, 2).state_dict())))
 
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import argparse
 import collections
-import io
 import pickle
-import zipfile
 from typing import Any
 
 import pytest
@@ -16,6 +14,7 @@ from hypothesis import strategies as st
 from ckptguard.core.errors import Code, Severity
 from ckptguard.core.threats.assess import Threat, classify_global, classify_path
 from tests.builders.pickle_asm import asm
+from tests.builders.torchsave import torch_data_pkl
 
 
 @pytest.mark.parametrize(("module", "name", "code"), [
@@ -126,15 +125,6 @@ def test_dangerous_modules_cover_their_submodules(module: str, tail: list[str]) 
 
 
 # -- assess -------------------------------------------------------------------------------------
-
-def torch_data_pkl(obj: object) -> bytes:
-    import torch
-
-    buf = io.BytesIO()
-    torch.save(obj, buf)
-    with zipfile.ZipFile(io.BytesIO(buf.getvalue())) as zf:
-        return zf.read(next(n for n in zf.namelist() if n.endswith("/data.pkl")))
-
 
 def test_real_state_dict_is_all_allowed(assess_pickle: Any) -> None:
     import torch
