@@ -67,7 +67,10 @@ def test_a_queued_rescan_can_be_cancelled(make_client: MakeClient) -> None:
                 "SELECT status::text FROM procrastinate_jobs WHERE task_name = 'hub.revision' "
                 "ORDER BY id DESC LIMIT 1")).scalar() == "cancelled"
     worker = make_client()
-    time.sleep(2.0)
+    # a later push (lower priority than a rescan, queued after it): once the worker has run
+    # it, it has taken from the queue past where the cancelled rescan was
+    deliver(worker, payload(REV_B))
+    wait_done(worker, REV_B)
     assert _revision(worker, REV_A)["state"] == "cancelled"         # never run
     assert worker.post(f"{base}/rescan").status_code == 202         # a cancelled one may go again
     assert wait_done(worker, REV_A)["state"] == "done"
