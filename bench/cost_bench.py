@@ -79,6 +79,18 @@ print(json.dumps({"s": time.perf_counter() - t, "rss_mb": int(hwm) / 1024}))
 """
 
 
+# the version, and how ckptguard is installed there: an editable install (the README's
+# `pip install -e`) has every process of that venv import setuptools' finder at start-up
+# (~15-25 ms: it imports pathlib), which a wheel install (`pip install .`, the image) has not
+_VERSION_AND_INSTALL = r"""
+import json, sys, site
+from pathlib import Path
+dirs = [*site.getsitepackages(), site.getusersitepackages()]
+editable = any(Path(d).is_dir() and any(Path(d).glob("__editable__*ckptguard*")) for d in dirs)
+print(json.dumps({"v": sys.version.split()[0] + (" (editable)" if editable else " (wheel)")}))
+"""
+
+
 def _run_json(python: str, code: str, *args: str) -> dict[str, object]:
     out = subprocess.run([python, "-c", code, *args], capture_output=True, text=True, check=True,
                          cwd=ROOT)
@@ -256,8 +268,7 @@ def cold_start(tmp: Path, ten_k: Path, pythons: list[str]) -> None:
     print("\n### cold start (whole process, best of 5 / 3)\n")
     _row("command", "wall s", "ratio")
     _row("---", "---", "---")
-    versions = {py: _run_json(py, "import json, sys; print(json.dumps({'v': sys.version.split()[0]}))")["v"]
-                for py in clis}
+    versions = {py: _run_json(py, _VERSION_AND_INSTALL)["v"] for py in clis}
     for py, (pass_s, tiny_s) in scan_tiny.items():
         _row(f"python -c pass on {versions[py]}", f"{pass_s:.3f}", "1.0x")
         _row(f"ckptguard scan tiny.pkl ({tiny.stat().st_size} B) on {versions[py]}", f"{tiny_s:.3f}",
