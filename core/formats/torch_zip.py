@@ -109,10 +109,11 @@ def zip_answer(source: ByteSource, an: Analysis) -> TorchError | None:
         return cpp_error(b"[enforce fail at inline_container.cc:180] . file in archive is not in a "
                          b"subdirectory: " + directory.entries[0].name_bytes)
     prefix = directory.prefix()
-    wanted = [e for r in META_RECORDS if (e := directory.find(f"{prefix}/{r}"))]
+    records = _records_found(directory, prefix, META_RECORDS)
+    wanted = list(records.values())
     locals_ = read_local_headers(source, wanted, errors=[])
     unreadable = unreadable_records(source, directory, locals_, wanted)
-    meta = _read_small_records(source, directory, wanted, locals_, unreadable)
+    meta = _read_small_records(source, directory, records, locals_, unreadable)
     is_torchscript = f"{prefix}/constants.pkl" in directory.by_name
     error = _container_error(directory, prefix, meta, source, is_torchscript, unreadable)
     if error is None and directory.find(f"{prefix}/data.pkl") is None:
@@ -186,8 +187,9 @@ def analyze_zip(source: ByteSource, directory: ZipDirectory, an: Analysis) -> No
     an.io["zip_entries"] = len(directory.entries)
 
     unreadable = unreadable_records(source, directory, locals_, wanted)
-    meta = _read_small_records(source, directory, [e for r in (*META_RECORDS, SERIALIZATION_ID)
-                                                   if (e := entry(r))], locals_, unreadable)
+    meta = _read_small_records(source, directory,
+                               _records_found(directory, prefix, (*META_RECORDS, SERIALIZATION_ID)),
+                               locals_, unreadable)
     is_torchscript = f"{prefix}/constants.pkl" in directory.by_name  # exact, as torch lists it
     torch_error = _container_error(directory, prefix, meta, source, is_torchscript, unreadable)
     if is_torchscript:
@@ -227,7 +229,8 @@ def analyze_zip(source: ByteSource, directory: ZipDirectory, an: Analysis) -> No
                        persids=scan.vm.persids, built=scan.weights_only.built)
         _flag_unreferenced(directory, prefix, {k for k, _ in storages}, an)
     if meta.get("byteorder") == b"big":
-        an.add(Code.TORCH_BIG_ENDIAN, "storages are big-endian", record=f"{prefix}/byteorder")
+        an.add(Code.TORCH_BIG_ENDIAN, "storages are big-endian",
+               record=getattr(entry("byteorder"), "name", f"{prefix}/byteorder"))
     set_weights_only(an, torch_error or scan.weights_only.error or serialization_id_error(meta),
                      None if scan.fast else data, calls=scan.vm.calls)
 
@@ -262,16 +265,21 @@ def storages_in_order(persids: Iterable[PersId]) -> list[tuple[str, int]]:
     return list(seen.items())
 
 
-def _read_small_records(source: ByteSource, directory: ZipDirectory, entries: list[ZipEntry],
+def _records_found(directory: ZipDirectory, prefix: str, records: Iterable[str]) -> dict[str, ZipEntry]:
+    """record -> the entry torch reads for it (miniz's lookup: `.DATA/VERSION` is
+    `.data/version`), for the records the archive has."""
+    return {r: e for r in records if (e := directory.find(f"{prefix}/{r}")) is not None}
+
+
+def _read_small_records(source: ByteSource, directory: ZipDirectory, records: Mapping[str, ZipEntry],
                         locals_: Mapping[int, LocalHeader] | None = None,
                         unreadable: Collection[int] = ()) -> dict[str, bytes]:
+    """record -> its bytes, keyed by the name torch asks for (not the entry's own spelling)."""
     out: dict[str, bytes] = {}
-    prefix = directory.prefix()
-    for ent in entries:
+    for asked, ent in records.items():
         if ent.uncompressed_size <= SMALL_RECORD_MAX and ent.index not in unreadable \
                 and ent.method in (0, 8) and not ent.flags & ENCRYPTION_FLAGS:
-            out[ent.name[len(prefix) + 1:]] = read_record(source, directory, ent.name,
-                                                          locals_=locals_)
+            out[asked] = read_record(source, directory, ent.name, locals_=locals_)
     return out
 
 
@@ -435,18 +443,18 @@ def _mapped_compressed(keys: list[str]) -> str:
 
 
 def _flag_unreferenced(directory: ZipDirectory, prefix: str, keys: set[str], an: Analysis) -> None:
-    """Records torch never reads: reported, and their content judged (core.regions)."""
+    """Records torch never reads: reported, and their content judged (core.regions). A
+    record torch reads is the entry miniz finds for its name, in any case (`VERSION`)."""
+    read = {e.index for r in (*KNOWN_RECORDS, *(f"data/{k}" for k in keys))
+            if (e := directory.find(f"{prefix}/{r}")) is not None}
     for ent in directory.entries:
         if directory.by_name.get(ent.name) is not ent:   # a duplicate name torch does not pick
             _declare_member(an, "shadowed entry", ent)
             continue
-        rel = ent.name[len(prefix) + 1:] if ent.name.startswith(prefix + "/") else None
-        if rel is None:
+        if not ent.name.startswith(prefix + "/"):
             _declare_member(an, "outside-prefix entry", ent)
             continue
-        if rel in KNOWN_RECORDS:
-            continue
-        if rel.startswith("data/") and rel[5:] in keys:
+        if ent.index in read:
             continue
         an.add(Code.TORCH_UNREFERENCED_RECORD, f"record {ent.name!r} is not referenced by the pickle",
                record=ent.name, offset=ent.header_offset)

@@ -16,7 +16,16 @@ def torch_first_line(exc: BaseException) -> str:
     text = str(exc)
     if isinstance(exc, pickle.UnpicklingError) and text.startswith("Weights only load failed."):
         marker = "WeightsUnpickler error: "
-        text = (text.split(marker, 1)[1] if marker in text else text.split("\n\n", 1)[1]).lstrip("\n")
+        # torch's _get_wo_message: the unpickler's line follows its marker, or follows the
+        # preamble on the same line ("X must be imported to load ...", DTensor's), or
+        # follows a blank line
+        if marker in text:
+            text = text.split(marker, 1)[1]
+        elif "\n\n" in text:
+            text = text.split("\n\n", 1)[1]
+        else:
+            text = text.removeprefix("Weights only load failed. ")
+        text = text.lstrip("\n")
     # a line ends at "\n" only, as in the report: str.splitlines would also cut at \x0b, \x0c,
     # \x1c-\x1e, \x85 and \u2028, which a GLOBAL name in a torch message may hold
     return text.split("\n", 1)[0]
