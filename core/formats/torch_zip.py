@@ -346,14 +346,14 @@ def _container_error(directory: ZipDirectory, prefix: str, meta: Mapping[str, by
         error = record_error(directory, prefix, ".data/serialization_id", unreadable)
         if error is not None:
             return error
-    raw_prefix = prefix.encode("utf-8", "surrogateescape")
+    raw_prefix = directory.raw_prefix()
     for ent in directory.entries:   # get_all_records: every name under the prefix, as str
         if not ent.name_bytes.startswith(raw_prefix + b"/"):
             return cpp_error(b"[enforce fail at inline_container.cc:340] . file in archive is not in a "
                              b"subdirectory " + raw_prefix + b"/: " + ent.name_bytes)
     for ent in directory.entries:
         try:
-            ent.name_bytes[len(prefix) + 1:].decode("utf-8")
+            ent.name_bytes[len(raw_prefix) + 1:].decode("utf-8")
         except UnicodeDecodeError as exc:   # pybind11 turns each name into a str
             return TorchError("UnicodeDecodeError", str(exc))
     if is_torchscript:

@@ -164,6 +164,20 @@ class ZipDirectory:
         pos = name.find("/")
         return name[:pos] if pos >= 0 else ""
 
+    def raw_prefix(self) -> bytes:
+        """The prefix as torch compares it, in bytes (archive_name_ in inline_container.cc):
+        `prefix()` is decoded as zip readers show names (cp437 without the UTF-8 flag), which
+        does not encode back to the name's bytes.
+
+        >>> ZipDirectory(0, [], {}, 0, 0, 0, 0, False, b"").raw_prefix()
+        b''
+        """
+        if not self.entries:
+            return b""
+        raw = self.entries[0].name_bytes
+        pos = raw.find(b"/")
+        return raw[:pos] if pos >= 0 else b""
+
 
 def _fmt_err(code: Code, msg: str, offset: int | None = None) -> FormatError:
     return FormatError(code, msg, offset=offset)

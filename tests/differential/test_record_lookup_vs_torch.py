@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import io
 import pickle
+import struct
 import zipfile
 from pathlib import Path
 
@@ -46,6 +47,28 @@ def _added(entries: list[tuple[str, bytes]], rel: str, data: bytes, *, first: bo
     return [(f"{prefix}/{rel}", data), *entries] if first else [*entries, (f"{prefix}/{rel}", data)]
 
 
+def _prefixed(entries: list[tuple[str, bytes]], prefix: str) -> list[tuple[str, bytes]]:
+    return [(prefix + name[name.index("/"):], body) for name, body in entries]
+
+
+def _without_utf8_flag(data: bytes) -> bytes:
+    """The archive with general-purpose bit 11 cleared everywhere: names stay UTF-8 bytes,
+    which zip readers then decode as cp437 (torch compares the bytes)."""
+    out = bytearray(data)
+    with zipfile.ZipFile(io.BytesIO(data)) as zf:
+        infos = zf.infolist()
+        for info in infos:
+            struct.pack_into("<H", out, info.header_offset + 6, info.flag_bits & ~0x800)
+    eocd = data.rindex(b"PK\x05\x06")
+    pos = struct.unpack_from("<I", data, eocd + 16)[0]
+    for info in infos:
+        struct.pack_into("<H", out, pos + 8, info.flag_bits & ~0x800)
+        nlen, xlen, clen = struct.unpack_from("<HHH", data, pos + 28)
+        pos += 46 + nlen + xlen + clen
+    return bytes(out)
+
+
+NO_UTF8_FLAG = {"é/ without the UTF-8 flag", "ü☃/ without the UTF-8 flag"}
 CASES = {
     "VERSION": lambda e: _renamed(e, "version", "VERSION"),
     "BYTEORDER big": lambda e: _renamed(e, "byteorder", "BYTEORDER", b"big"),
@@ -53,6 +76,11 @@ CASES = {
     ".DATA/VERSION 99": lambda e: _added(e, ".DATA/VERSION", b"99"),
     ".STORAGE_ALIGNMENT x": lambda e: _renamed(e, ".storage_alignment", ".STORAGE_ALIGNMENT", b"x"),
     "Data/0 for data/0": lambda e: _renamed(e, "data/0", "Data/0"),
+    # the prefix is bytes to torch: a name that is not ASCII, with or without the flag
+    "é/ with the UTF-8 flag": lambda e: _prefixed(e, "é"),
+    "é/ without the UTF-8 flag": lambda e: _prefixed(e, "é"),
+    "ü☃/ with the UTF-8 flag": lambda e: _prefixed(e, "ü☃"),
+    "ü☃/ without the UTF-8 flag": lambda e: _prefixed(e, "ü☃"),
 }
 
 
@@ -63,9 +91,11 @@ def answers(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, d
     paths = {}
     for n, (name, edit) in enumerate(CASES.items()):
         path = tmp / f"case{n}.pt"
-        with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as zf:
+        buf = io.BytesIO()
+        with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as zf:
             for member, body in edit(entries):
                 zf.writestr(member, body)
+        path.write_bytes(_without_utf8_flag(buf.getvalue()) if name in NO_UTF8_FLAG else buf.getvalue())
         paths[name] = path
     results = run_oracle([{"path": str(p), "mode": "load"} for p in paths.values()], tmp)
     return {name: (paths[name], res) for name, res in zip(paths, results, strict=True)}
