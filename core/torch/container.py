@@ -36,11 +36,18 @@ def version_error(meta: Mapping[str, bytes]) -> TorchError | None:
         return TorchError("RuntimeError", 'Expected hasRecord("version") to be true, but got false.  '
                           "(Could this error message be improved?  If so, please report an enhancement "
                           "request to PyTorch.)")
-    m = re.match(rb"\s*[+-]?\d+", version)
+    # `version_ = std::stoull(text)` into an int64_t: strtoull's leading spaces, sign and
+    # digits; a minus negates modulo 2**64 ("-18446744073709551615" is 1); a magnitude past
+    # 2**64 - 1 throws out_of_range (IndexError: stoull); the int64 cast wraps past 2**63
+    m = re.match(rb"\s*([+-]?)(\d+)", version)
     if m is None:
         return cpp_error(b"[enforce fail at inline_container.cc:215] . Couldn't parse the version "
                          + version + b" as Long Long.")
-    number = int(m.group())
+    magnitude = int(m.group(2))
+    if magnitude >= 1 << 64:
+        return TorchError("IndexError", "stoull")
+    unsigned = (-magnitude if m.group(1) == b"-" else magnitude) % (1 << 64)
+    number = unsigned - (1 << 64) if unsigned >= 1 << 63 else unsigned
     if number < 1:
         return TorchError("RuntimeError", f"[enforce fail at inline_container.cc:219] . Attempted to read "
                           f"a PyTorch file with version {number}, but the minimum supported version for "

@@ -134,3 +134,46 @@ def test_the_oracle_keeps_the_unpicklers_line_in_each_message_shape(tmp_path: Pa
         assert not res["ok"] and res["type"] == "UnpicklingError", (name, res)
         wo = scan_path(path).weights_only
         assert torch_first_line(pickle.UnpicklingError(res["msg"])) == wo.error, (name, res["msg"])
+
+
+def _version_texts() -> list[bytes]:
+    """The version record as std::stoull reads it: spaces, a sign, digits around every bound
+    (1 and 10, 2**63 where the int64 cast wraps, 2**64 where stoull throws), trailing text."""
+    import random
+
+    rng = random.Random(7)
+    bounds = [0, 1, 3, 10, 11, 2**63 - 1, 2**63, 2**64 - 1, 2**64, 2**64 + 3, 10**30]
+    texts = [b"", b" ", b"-", b"+", b"abc", b"3abc", b"0x3", b"\x0b3", b"3 4", b"\xff"]
+    for number in bounds:
+        texts += [sign + str(number).encode() for sign in (b"", b"+", b"-")]
+        if 0 < number < 2**64:   # a minus wraps modulo 2**64: "-(2**64 - n)" is n
+            texts.append(b"-" + str(2**64 - number).encode())
+    for _ in range(40):
+        number = rng.choice([rng.randrange(12), rng.choice(bounds) + rng.randrange(-2, 3),
+                             rng.randrange(2**66)])
+        texts.append(rng.choice([b"", b" ", b"\t\n", b"\r\x0c"]) + rng.choice([b"", b"+", b"-"])
+                     + str(abs(number)).encode() + rng.choice([b"", b"\n", b" junk", b".5"]))
+    return list(dict.fromkeys(texts))
+
+
+def test_the_version_record_is_parsed_as_torch_parses_it(tmp_path: Path) -> None:
+    torch = pytest.importorskip("torch")
+    buf = io.BytesIO()
+    torch.save({"a": torch.ones(2)}, buf)
+    with zipfile.ZipFile(buf) as zf:
+        entries = [(i.filename, zf.read(i)) for i in zf.infolist()]
+    texts = _version_texts()
+    paths = []
+    for n, text in enumerate(texts):
+        path = tmp_path / f"v{n}.pt"
+        with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as zf:
+            for member, body in _renamed(entries, "version", "version", text):
+                zf.writestr(member, body)
+        paths.append(path)
+    results = run_oracle([{"path": str(p), "mode": "load"} for p in paths], tmp_path)
+    for text, path, want in zip(texts, paths, results, strict=True):
+        wo = scan_path(path).weights_only
+        got = (wo.loadable, wo.error_type, wo.error)
+        expected = (want["ok"], want.get("type"),
+                    None if want["ok"] else str(want["msg"]).split("\n", 1)[0])
+        assert got == expected, (text, got, want)
