@@ -16,6 +16,8 @@ Naming (the report contract, DESIGN.md): `path` is the list of segments from the
   object torch builds, rendered from the graph without offsets (`segment`, "names of keys"
   below: `torch.float16`, `device(type='cpu')`, `(1, b'x')`, a bytes key pickled as
   `_codecs.encode(s, 'latin1')` decoded like bytes);
+- a tensor inside a dict key (torch loads it as it loads a value): the key's segment, then
+  `(key)` (`KEY_SEGMENT`), then its path inside the key (`{t: 1}` -> `<repr of t>.(key)`);
 - list/tuple index: the `int` index;
 - an object built by a call (OrderedDict, a custom class): the items a dict type is called
   with (`Counter({k: v})`, `OrderedDict([(k, v)])`) by their keys, then SETITEM keys and
@@ -55,7 +57,8 @@ general one (tests/core/manifest).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
+from operator import itemgetter
 from typing import Any, Protocol
 
 from ckptguard.core.errors import Code, LimitExceeded
@@ -132,6 +135,11 @@ _SPARSE_LAYOUTS = {"torch.sparse_coo": ("indices", "values"),
                    "torch.sparse_bsr": ("compressed_indices", "plain_indices", "values"),
                    "torch.sparse_bsc": ("compressed_indices", "plain_indices", "values")}
 _Path = tuple[str | int, ...]
+
+# the segment after a dict key's own when the key itself holds tensors (see Naming)
+KEY_SEGMENT = "(key)"
+# keys the walk has nothing to find in (no tensor, no storage): only their segment is kept
+_INERT_KEYS = frozenset((str, int, bytes, float, bool, type(None), Global))
 
 
 class _Bad(Exception):
@@ -294,7 +302,7 @@ class _Builder:
                 if id(value) in seen:
                     continue
                 seen.add(id(value))
-                extend(reversed([((*path, segment(k)), v) for k, v in value.items()]))
+                extend(reversed(_keyed(path, value.items())))
             elif t is list or t is tuple:
                 if id(value) in seen:
                     continue
@@ -313,8 +321,8 @@ class _Builder:
                 if id(value) in seen:
                     continue
                 seen.add(id(value))
-                items = value.items() if isinstance(value, dict) else enumerate(value)
-                children = [((*path, segment(k)), v) for k, v in items]
+                children = (_keyed(path, value.items()) if isinstance(value, dict)
+                            else [((*path, i), v) for i, v in enumerate(value)])
                 attributes = getattr(value, "__dict__", None)
                 if attributes:
                     children += [((*path, segment(k)), v) for k, v in attributes.items()]
@@ -727,6 +735,21 @@ def _storage_pid(pid: Any) -> tuple[Any, str, Any, Any]:
     return stype, key, location, numel
 
 
+def _keyed(path: _Path, items: Collection[tuple[Any, Any]]) -> list[tuple[_Path, Any]]:
+    """A dict's children: each value under its key's segment, and a key that may hold tensors
+    (a rebuild call, a tuple...) under that segment + KEY_SEGMENT, before its value (torch
+    unpickles the key first)."""
+    if _INERT_KEYS.issuperset(map(type, map(itemgetter(0), items))):   # the usual dict, in C
+        return [((*path, segment(k)), v) for k, v in items]
+    out: list[tuple[_Path, Any]] = []
+    for k, v in items:
+        at = (*path, segment(k))
+        if type(k) not in _INERT_KEYS:
+            out.append(((*at, KEY_SEGMENT), k))
+        out.append((at, v))
+    return out
+
+
 def push_all(push: Any, path: _Path, mapping: dict[Any, Any]) -> None:
     for k, v in reversed(list(mapping.items())):
         push(((*path, segment(k)), v))
@@ -758,7 +781,7 @@ def _call_children(path: _Path, call: Call) -> list[tuple[_Path, Any]]:
     items += call.setitems
     if type(call.func) is Global and call.func in _DICT_TYPES:   # a dict: a key set again
         items = _as_dict(items)                                  # replaces the value
-    out += [((*path, segment(k)), v) for k, v in items]
+    out += _keyed(path, items)
     out += [((*path, i), v) for i, v in enumerate(call.appends)]
     # BUILD updates the object's attributes (`__dict__.update`, slots by setattr): an
     # attribute set again holds the last value

@@ -414,3 +414,70 @@ def test_key_names_match_torch(tmp_path: Path, case_id: str) -> None:
     assert not [t.name for t in tensors if "@" in t.name or "Call(" in t.name or "Global(" in t.name]
     tensors, storages, _ = scan_manifest(case)
     compare(case, tensors, storages)
+
+
+def _all_tensors(obj: Any) -> list[Any]:
+    """Every tensor torch built, dict keys included, in no particular order."""
+    out, stack, seen = [], [obj], set()
+    while stack:
+        x = stack.pop()
+        if isinstance(x, torch.Tensor):
+            out.append(x)
+        elif id(x) in seen:
+            continue
+        elif isinstance(x, dict):
+            seen.add(id(x))
+            stack += [*x.keys(), *x.values()]
+        elif isinstance(x, (list, tuple, set, frozenset)):
+            seen.add(id(x))
+            stack += list(x)
+    return out
+
+
+def _tensor_key_cases() -> dict[str, Any]:
+    import collections
+    t, u, w = torch.arange(3.0), torch.ones(2, 2, dtype=torch.int16), torch.zeros(5)
+    return {
+        "tensor-keys": {t: 1, u: 2},
+        "tensor-key-and-value": {t: u},
+        "tuple-key": {"a": {(t, 1): w}, "b": t[1:]},
+        "ordered-dict": collections.OrderedDict([(t, "x"), ("y", u)]),
+        "nested-tuple-key": {((w, (u,)), "k"): [t]},
+    }
+
+
+@pytest.mark.parametrize("case_id", list(_tensor_key_cases()))
+def test_tensors_in_dict_keys_are_listed(tmp_path: Path, case_id: str) -> None:
+    """torch loads a tensor used as a dict key like any other: its row is in the manifest,
+    named after the key's segment and `(key)` (core.manifest.build), with its bytes."""
+    path = tmp_path / f"{case_id}.pt"
+    torch.save(_tensor_key_cases()[case_id], path)
+    loaded = _all_tensors(torch.load(path, weights_only=True))
+    report = scan_path(path)
+    assert report.verdict == "safe" and report.weights_only.loadable
+    blob = path.read_bytes()
+
+    def row(dtype: str, shape: list[int], stride: list[int], data: bytes) -> tuple[Any, ...]:
+        return (dtype, tuple(shape), tuple(stride), data)
+
+    want = sorted(row(str(x.dtype).removeprefix("torch."), list(x.shape), list(x.stride()), _raw(x))
+                  for x in loaded)
+    got = sorted(row(e.dtype, e.shape, e.stride, _strided_bytes(
+        blob[e.data_offset:e.data_offset + e.nbytes], e.shape, e.stride, ITEMSIZE[e.dtype]))
+        for e in report.tensors if e.data_offset is not None)
+    assert got == want
+    assert len(report.tensors) == len(loaded)
+    assert sum("(key)" in e.path for e in report.tensors) \
+        == len(_all_tensors([k for d in _dicts(torch.load(path, weights_only=True)) for k in d]))
+
+
+def _dicts(obj: Any) -> list[dict[Any, Any]]:
+    out, stack = [], [obj]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, dict):
+            out.append(x)
+            stack += list(x.values())
+        elif isinstance(x, (list, tuple)):
+            stack += list(x)
+    return out
