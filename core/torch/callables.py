@@ -591,11 +591,20 @@ def _check_component(sizes: tuple[int, ...], strides: tuple[int, ...], offset: i
 
 def _rebuild_meta(func: Global, args: tuple[Any, ...], so: StorageOf, opcode: str, off: int) -> Call:
     _arity("_rebuild_meta_tensor_no_storage", args, ("dtype", "size", "stride", "requires_grad"))
-    dtype, size, stride = _dtype_of(args[0]), int_seq(args[1]), int_seq(args[2])
+    dtype, size, stride, rg = _dtype_of(args[0]), int_seq(args[1]), int_seq(args[2]), args[3]
     if (dtype is None or size is None or stride is None or len(size) != len(stride)
-            or any(x < 0 for x in size + stride) or args[3] is not False):
+            or any(x < 0 for x in size + stride) or type(rg) is not bool):
         raise unmodelled("_rebuild_meta_tensor_no_storage with these arguments")
-    return _tensor("torch.Tensor", dtype, size, func, args, opcode, off)
+    # torch.empty_strided(size, stride, dtype=dtype, device="meta", requires_grad=rg): a
+    # meta Parameter keeps requires_grad; a dtype that cannot require gradients refuses it;
+    # a quantized dtype has no meta kernel (NotImplementedError, a dispatcher dump)
+    if dtype.startswith(("qint", "quint")):
+        raise unmodelled(f"a meta tensor of {dtype}")
+    if rg and not may_require_grad(dtype):
+        if dtype not in ITEMSIZE:
+            raise unmodelled(f"requires_grad on dtype {dtype}")
+        raise Fail("RuntimeError", _NO_GRAD)
+    return _tensor("torch.Tensor", dtype, size, func, args, opcode, off, requires_grad=rg)
 
 
 def _simple(type_: str, **attrs: Any) -> Callable[[Global, tuple[Any, ...], StorageOf, str, int], Call]:

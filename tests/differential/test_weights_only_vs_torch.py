@@ -55,7 +55,9 @@ class Records:
 
 # Cases where the emulator is allowed to answer "Unmodelled" (never "loadable")
 UNMODELLED = {"location:meta",
-              "rg:v3-str-offset:float32"}  # set_()'s TypeError for its arguments is not modelled
+              "rg:v3-str-offset:float32",  # set_()'s TypeError for its arguments is not modelled
+              # a quantized meta tensor: torch's NotImplementedError is a dispatcher dump
+              *(f"rg:meta:{d}" for d in ("qint8", "qint32", "quint8", "quint4x2", "quint2x4"))}
 
 
 class _MyT(MyTensor):  # a subclass nobody allowlists (defined in a test module)
@@ -83,6 +85,10 @@ def _requires_grad_cases() -> list[Case]:
         out.append(Case(f"rg:v3:{dtype}", pk(*_v3(dtype, "NEWTRUE")), recs))
         out.append(Case(f"rg:param:{dtype}", pk(*call("torch._utils._rebuild_parameter",
                                                       _v3(dtype, "NEWFALSE"), ["NEWTRUE"], od())), recs))
+        # a meta tensor takes requires_grad at torch.empty_strided (a meta Parameter's own)
+        out.append(Case(f"rg:meta:{dtype}", pk(*call("torch._utils._rebuild_meta_tensor_no_storage",
+                                                     [g(f"torch.{dtype}")], ints((2, 3)), ints((3, 1)),
+                                                     ["NEWTRUE"]))))
     # v3: torch.empty refuses the dtype before set_() runs; set_() parses its arguments, then
     # refuses the leaf before checking offset, lengths or bounds
     for dtype in ("float32", "int64"):
