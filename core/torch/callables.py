@@ -633,15 +633,19 @@ def _ordered_dict(func: Global, args: tuple[Any, ...], so: StorageOf, opcode: st
     raise unmodelled(f"{func.full} with arguments")
 
 
-def _set(func: Global, args: tuple[Any, ...], so: StorageOf, opcode: str, off: int) -> Call:
+def _set(func: Global, args: tuple[Any, ...], so: StorageOf, opcode: str, off: int,
+         hashing: HashBudget | None = None) -> Call:
+    """`set(items)`: every member hashed, within the pickle's `hashing` budget (one memoized
+    wide tuple listed 60,000 times is 60,000 hashes of it to torch, one walk here)."""
     if len(args) > 1:
         raise Fail("TypeError", f"set expected at most 1 argument, got {len(args)}")
     if args:
         _iterable_arg(args[0], so)
         if not isinstance(args[0], (list, tuple, set, str)):
             raise unmodelled("set() of a non-list")
+        budget = hashing if hashing is not None else HashBudget()
         for x in args[0]:
-            err = hash_error(x, so)
+            err = budget.error(x, so)
             if err is not None:
                 raise Fail("TypeError", err)
     return _simple("set")(func, args, so, opcode, off)
@@ -931,8 +935,10 @@ _MODELS: dict[str, _Model] = {
 ALLOWED_CLASSES = frozenset(CLASSES) | TENSOR_TYPE_GLOBALS
 
 
-def call_allowed(func: Global, args: Any, storage_of: StorageOf, opcode: str, offset: int) -> Call:
-    """REDUCE of an allowlisted global: check the args as the callee would; return its result."""
+def call_allowed(func: Global, args: Any, storage_of: StorageOf, opcode: str, offset: int,
+                 hashing: HashBudget | None = None) -> Call:
+    """REDUCE of an allowlisted global: check the args as the callee would; return its result.
+    `hashing`: the pickle's budget for hashing dict keys and set members (a fresh one if None)."""
     kind = global_kind(func.full)
     callable_ = kind not in ("torch.dtype", "torch.qscheme", "torch.serialization.StorageType")
     if not isinstance(args, tuple):
@@ -947,6 +953,8 @@ def call_allowed(func: Global, args: Any, storage_of: StorageOf, opcode: str, of
     model = _MODELS.get(func.full)
     if model is None:
         raise unmodelled(f"a call of {func.full}")
+    if model is _set:
+        return _set(func, args, storage_of, opcode, offset, hashing)
     return model(func, args, storage_of, opcode, offset)
 
 
@@ -963,6 +971,29 @@ def _callee_label(func: Global) -> str:
 HASH_VISITS_MAX = 1 << 22
 
 HashMemo = dict[int, tuple[Any, int]]   # id(tuple) -> (the tuple, kept alive; its visits)
+
+
+class HashBudget:
+    """One pickle's hashing: the tuples found hashable (walked once, however often they are
+    hashed) and the element visits torch's `hash()` would make, dict keys and set members
+    together. Past HASH_VISITS_MAX the pickle is Unmodelled: torch would take minutes."""
+
+    __slots__ = ("memo", "visits")
+
+    def __init__(self) -> None:
+        self.memo: HashMemo = {}
+        self.visits = 0
+
+    def error(self, v: Any, storage_of: StorageOf, times: int = 1) -> str | None:
+        """hash_error(v), charging `times` hashes of it."""
+        err = hash_error(v, storage_of, memo=self.memo)
+        if err is None and isinstance(v, tuple):
+            self.visits += times * self.memo[id(v)][1]
+            if self.visits > HASH_VISITS_MAX:
+                raise unmodelled(f"dict keys and set members whose hashing visits more than "
+                                 f"{HASH_VISITS_MAX} tuple elements (torch.load would take minutes "
+                                 "or hang)")
+        return err
 
 
 def hash_error(v: Any, storage_of: StorageOf, depth: int = 0,

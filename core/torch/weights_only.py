@@ -41,12 +41,10 @@ from ckptguard.core.torch.allowlist import (
     STORAGE_GLOBALS,
 )
 from ckptguard.core.torch.callables import (
-    HASH_VISITS_MAX,
-    HashMemo,
+    HashBudget,
     call_allowed,
     class_repr,
     global_kind,
-    hash_error,
     rebuild_nested_tensor,
     str_value,
     type_name,
@@ -191,8 +189,7 @@ class _Emulator:
         self.legacy = legacy
         self.storages: list[StorageUse] = []
         self.seen_keys: set[str] = set()
-        self.hash_memo: HashMemo = {}     # tuples found hashable, kept alive (ids stay unique)
-        self.hash_visits = 0              # tuple visits of every dict key hashed so far
+        self.hashing = HashBudget()       # dict keys and set members hashed so far
         self.build_keys = 0               # keys of every OrderedDict BUILD state so far
         self.built: dict[int, Call] = {}   # offset -> a tensor whose view a BUILD changed
         self.loaded: dict[Any, StorageInfo] = {}      # torch's loaded_storages / deserialized_objects
@@ -459,7 +456,7 @@ class _Emulator:
             if func.full == "torch._utils._rebuild_nested_tensor":   # needs the metadata's bytes
                 return rebuild_nested_tensor(func, args, self.storage_of, "REDUCE", self.op_offset,
                                              getattr(self.resolver, "read", None))
-            result = call_allowed(func, args, self.storage_of, "REDUCE", self.op_offset)
+            result = call_allowed(func, args, self.storage_of, "REDUCE", self.op_offset, self.hashing)
             if result.attrs.get("built"):   # a Parameter or subclass of a tensor a BUILD moved
                 self.built[result.offset] = result
             return result
@@ -537,18 +534,12 @@ class _Emulator:
 
     def setitem(self, target: Any, k: Any, v: Any) -> None:
         try:
-            err = hash_error(k, self.storage_of, memo=self.hash_memo)
+            # inserting hashes k (and compares it with an equal key): two hashes of the budget
+            err = self.hashing.error(k, self.storage_of, times=2)
         except Fail as exc:
             raise self.fail(exc.type, exc.message) from None
         if err is not None:
             raise self.fail("TypeError", err)
-        if isinstance(k, tuple):
-            # inserting hashes k (and compares it with an equal key): never past the budget
-            self.hash_visits += 2 * self.hash_memo[id(k)][1]
-            if self.hash_visits > HASH_VISITS_MAX:
-                raise self.fail("Unmodelled", "not modelled: dict keys whose hashing visits more "
-                                f"than {HASH_VISITS_MAX} tuple elements (torch.load would take "
-                                "minutes or hang)")
         if isinstance(target, dict):
             if isinstance(k, float) and k != k:
                 raise self.fail("Unmodelled", "not modelled: NaN dict key")

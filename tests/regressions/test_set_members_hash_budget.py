@@ -1,0 +1,59 @@
+"""`set([T, T, ...])` with one memoized wide tuple T (found by a red-team round): the exact
+interpreter hashed every member afresh, walking all of T each time, with no budget (dict
+keys had both): a 21 KB zip took 18 s, 124 KB ~2 minutes, and came out `safe`. Set members
+now share the pickle's hashing budget with dict keys (core.torch.callables.HashBudget): T is
+walked once, and torch's own cost, |T| element visits per hash, is charged, past
+HASH_VISITS_MAX the pickle is Unmodelled (torch would take minutes)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from ckptguard.core.scan import scan_bytes
+from ckptguard.core.torch import callables
+from tests.builders.torchlayout import torch_layout
+
+
+def _set_of_one_tuple(width: int, members: int, calls: int = 1) -> bytes:
+    """{'t': T, 'g': set, 's0': set([T] * members), ...}: T = (None,) * width in memo 1; the args
+    tuple of set() memoized, so each further call is a few bytes."""
+    tup = b"(" + b"N" * width + b"tq\x01"
+    args = b"]q\x02(" + b"h\x01" * members + b"e\x85q\x03"
+    # 't': T and 'g': set (memo 4: torch's unpickler has no POP to drop it)
+    body = b"X\x01\x00\x00\x00t" + tup + b"X\x01\x00\x00\x00gc__builtin__\nset\nq\x04"
+    for i in range(calls):
+        key = f"s{i}".encode()
+        body += b"X" + len(key).to_bytes(4, "little") + key + b"h\x04" + (args if i == 0 else b"h\x03") + b"R"
+    return b"\x80\x02}q\x00(" + body + b"u."
+
+
+def _counting(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    calls = [0]
+    real = callables.hash_error
+
+    def counted(*args: Any, **kwargs: Any) -> str | None:
+        calls[0] += 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(callables, "hash_error", counted)
+    return calls
+
+
+@pytest.mark.parametrize("members, calls", [(400, 1), (1_000, 1), (2_000, 1), (8_000, 1), (40, 200)])
+def test_a_memoized_tuple_is_walked_once_however_often_it_is_hashed(
+        monkeypatch: pytest.MonkeyPatch, members: int, calls: int) -> None:
+    width = 4_000
+    data = torch_layout("archive", _set_of_one_tuple(width, members, calls))
+    walked = _counting(monkeypatch)
+    report = scan_bytes(data, name="x.pt")
+    # T once (width + 1 calls), each member's hash a memo hit, T as a dict value not hashed
+    assert walked[0] <= width + 1 + members * calls + 16, walked[0]
+    visits = (width + 1) * members * calls
+    if visits <= callables.HASH_VISITS_MAX:
+        assert report.verdict == "safe" and report.weights_only.loadable, report.findings
+    else:   # torch hashes T that many times: past the budget, Unmodelled, never `safe`
+        assert report.verdict == "suspicious"
+        assert report.weights_only.error_type == "Unmodelled"
+        assert "tuple elements" in (report.weights_only.error or ""), report.weights_only
