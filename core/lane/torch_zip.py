@@ -37,6 +37,7 @@ from ckptguard.core.filemap import ZipSpans
 from ckptguard.core.io.source import ByteSource
 from ckptguard.core.limits import Limits
 from ckptguard.core.manifest.keynames import segment as tensor_segment
+from ckptguard.core.manifest.paths import AnyPath, depth, spelled
 from ckptguard.core.pickle.fast.column_stubs import (
     Loaded,
     RebuildCall,
@@ -443,11 +444,11 @@ def _walk(loaded: Loaded, views: _Views, storages: _Storages, record: str,
         names, values, _ = flat
         paths = [[k] for k in names]
     else:
-        start = None
+        start: list[tuple[AnyPath, Any]] | None = None
         if flat is not None and flat[2] is not None:   # a module's state_dict: flat items,
             # then what BUILD set on it (its `_metadata`), walked
             start = [((_segment(k),), v) for k, v in reversed(flat[2].items())]
-        paths, values = _found(loaded, storages.ref_ids, max_tensors, limits.max_depth, start)
+        paths, values = _found(loaded, storages.ref_ids, limits, start)
         max_name = limits.max_name_chars
         names = [p[0] if len(p) == 1 and type(p[0]) is str else join_name(p, max_name)
                  for p in paths]
@@ -507,26 +508,34 @@ def _flat_state_dict(loaded: Loaded) -> tuple[list[str], list[Any], dict[Any, An
     return keys, values, None if built is None else built[1]
 
 
-def _found(loaded: Loaded, ref_ids: set[int], max_tensors: int, max_depth: int,
-           start: list[tuple[tuple[Any, ...], Any]] | None = None
+def _found(loaded: Loaded, ref_ids: set[int], limits: Limits,
+           start: list[tuple[AnyPath, Any]] | None = None
            ) -> tuple[list[tuple[Any, ...]], list[Any]]:
     """(path, tensor) pairs of the general walk, in document order (core.manifest.build' rules);
-    from `start` (the root already walked) if given."""
+    from `start` (the root already walked) if given. A child's path is a link to its parent's
+    (core.manifest.paths), spelled out only for a tensor, under the manifest's item cap."""
     kinds, dict_type, attributes = loaded.kinds, loaded.dict_type, loaded.attributes
+    max_tensors, max_depth = limits.max_tensors, limits.max_depth
+    items_left = limits.max_manifest_dims
     paths: list[tuple[Any, ...]] = []
     values: list[Any] = []
-    stack: list[tuple[tuple[Any, ...], Any]] = [((), loaded.root)] if start is None else start
+    stack: list[tuple[AnyPath, Any]] = [((), loaded.root)] if start is None else start
     seen: set[int] = set() if start is None else {id(loaded.root)}
     pop = stack.pop
     while stack:
         path, value = pop()
-        if len(path) > max_depth:   # paths are copied per level: the general path reports it
+        below = depth(path) + 1
+        if below > max_depth + 1:   # the general path reports it
             raise Decline("values nested past the depth limit")
         t = type(value)
         if t in _SCALARS:
             continue
         if t in kinds:
-            paths.append(path)
+            full = spelled(path)
+            items_left -= len(full)
+            if items_left < 0:   # the general path reports the cap (LIMIT_TENSORS)
+                raise Decline("manifest items past the cap")
+            paths.append(full)
             values.append(value)
             if len(values) > max_tensors:
                 raise Decline("tensor cap")
@@ -535,15 +544,16 @@ def _found(loaded: Loaded, ref_ids: set[int], max_tensors: int, max_depth: int,
             continue
         seen.add(id(value))
         if t is CheckedDict or t is dict_type:
-            items = [((*path, _segment(k)), v) for k, v in value.items()]
+            items: list[tuple[AnyPath, Any]] = [([path, _segment(k), below], v)
+                                                 for k, v in value.items()]
             built = attributes.get(id(value)) if t is dict_type else None
             if built is not None:   # BUILD set attributes: children after the items
-                items += [((*path, _segment(k)), v) for k, v in built[1].items()]
+                items += [([path, _segment(k), below], v) for k, v in built[1].items()]
             stack.extend(reversed(items))
         elif t is tuple or t is CheckedList:
             if id(value) in ref_ids:
                 raise Decline("a bare storage")
-            stack.extend(reversed([((*path, i), v) for i, v in enumerate(value)]))
+            stack.extend(reversed([([path, i, below], v) for i, v in enumerate(value)]))
         elif t is set or t is frozenset:
             if not set(map(type, value)) <= _SCALARS:
                 raise Decline("a set holding objects")

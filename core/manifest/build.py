@@ -1,8 +1,10 @@
 """Rebuild calls in an interpreted pickle -> the tensor and storage manifest.
 
 Strategy: one explicit stack of (path, value), no recursion. Containers push their
-children reversed, so they pop in document order; a container (or generic call) met
-twice is visited once, which stops memo cycles and exponential DAGs. A
+children reversed, so they pop in document order, each child's path a link to its
+parent's (core.manifest.paths: one small list a child, spelled out only for a tensor); a
+container (or generic call) met twice is visited once, which stops memo cycles and
+exponential DAGs. A
 `torch._utils._rebuild_*` call becomes one `TensorEntry`: its wrappers
 (`_rebuild_parameter[_with_state]`, `_rebuild_from_type_v2`,
 `_rebuild_device_tensor_from_cpu_tensor`) are peeled in a bounded loop, the base call
@@ -64,6 +66,7 @@ from typing import Any, Protocol
 from ckptguard.core.errors import Code, LimitExceeded
 from ckptguard.core.gcpause import collector_paused
 from ckptguard.core.manifest.keynames import segment
+from ckptguard.core.manifest.paths import AnyPath, depth, spelled
 from ckptguard.core.pickle.vm import hashable_key
 from ckptguard.core.records import record
 from ckptguard.core.report import StorageEntry, TensorEntry, join_name
@@ -277,13 +280,14 @@ class _Builder:
 
     # --- the walk --------------------------------------------------------------------
     def run(self, root: Any) -> None:
-        stack: list[tuple[_Path, Any]] = [((), root)]
+        stack: list[tuple[AnyPath, Any]] = [((), root)]
         seen: set[int] = set()
         pop, push, extend = stack.pop, stack.append, stack.extend
         max_depth = self.an.options.limits.max_depth
         while stack:
             path, value = pop()
-            if len(path) > max_depth:   # each level copies its path: deeper would be quadratic
+            below = depth(path) + 1   # the depth of this value's children
+            if below > max_depth + 1:
                 raise LimitExceeded(Code.LIMIT_DEPTH, f"values nested more than {max_depth} deep",
                                     record=self.record)
             t = type(value)
@@ -291,41 +295,43 @@ class _Builder:
                 fn = value.func
                 if type(fn) is Global and (fn.module, fn.name) in _REBUILD_PAIRS \
                         and (fn.name != "_rebuild_from_type_v2" or _wraps_rebuild(value)):
-                    if fn.name != "_rebuild_tensor_v2" or not self.fast_v2(path, value):
-                        self.tensor(path, value, push)
+                    full = spelled(path)
+                    if fn.name != "_rebuild_tensor_v2" or not self.fast_v2(full, value):
+                        self.tensor(full, value, push)
                     continue
                 if id(value) in seen:
                     continue
                 seen.add(id(value))
-                extend(reversed(_call_children(path, value)))
+                extend(reversed(_call_children(path, below, value)))
             elif t is dict:
                 if id(value) in seen:
                     continue
                 seen.add(id(value))
-                extend(reversed(_keyed(path, value.items())))
+                extend(reversed(_keyed(path, below, value.items())))
             elif t is list or t is tuple:
                 if id(value) in seen:
                     continue
                 seen.add(id(value))
-                extend(reversed([((*path, i), v) for i, v in enumerate(value)]))
+                extend(reversed([([path, i, below], v) for i, v in enumerate(value)]))
             elif t is PersId:
-                self.bare_storage(path, value)
+                self.bare_storage(spelled(path), value)
             elif t is set or t is frozenset:
                 if id(value) in seen:
                     continue
                 seen.add(id(value))
-                extend(reversed([((*path, i), v) for i, v in enumerate(value)]))
+                extend(reversed([([path, i, below], v) for i, v in enumerate(value)]))
             elif isinstance(value, (dict, list, tuple)):
                 # subclasses (core.pickle.fast.stubs builds OrderedDict/list stand-ins): same as the
                 # base, then the attributes a BUILD set (as for a Call's state)
                 if id(value) in seen:
                     continue
                 seen.add(id(value))
-                children = (_keyed(path, value.items()) if isinstance(value, dict)
-                            else [((*path, i), v) for i, v in enumerate(value)])
+                children: list[tuple[AnyPath, Any]] = (
+                    _keyed(path, below, value.items()) if isinstance(value, dict)
+                    else [([path, i, below], v) for i, v in enumerate(value)])
                 attributes = getattr(value, "__dict__", None)
                 if attributes:
-                    children += [((*path, segment(k)), v) for k, v in attributes.items()]
+                    children += [([path, segment(k), below], v) for k, v in attributes.items()]
                 extend(reversed(children))
 
     # --- one tensor ------------------------------------------------------------------
@@ -524,7 +530,7 @@ class _Builder:
         self.emit(path, node, kind, dtype, shape, stride, offset, storage, view_byte, view_limit, rg,
                   flags)
         for seg, value in reversed(components):
-            push(((*path, seg), value))
+            push(([path, seg, len(path) + 1], value))
 
     def built_tensor(self, path: _Path, call: Call, view: TensorView, rg: bool, push: Any) -> None:
         """A tensor a BUILD changed, as the weights-only replay saw torch end up with it: its
@@ -735,27 +741,28 @@ def _storage_pid(pid: Any) -> tuple[Any, str, Any, Any]:
     return stype, key, location, numel
 
 
-def _keyed(path: _Path, items: Collection[tuple[Any, Any]]) -> list[tuple[_Path, Any]]:
-    """A dict's children: each value under its key's segment, and a key that may hold tensors
-    (a rebuild call, a tuple...) under that segment + KEY_SEGMENT, before its value (torch
-    unpickles the key first)."""
+def _keyed(path: AnyPath, below: int, items: Collection[tuple[Any, Any]]) -> list[tuple[AnyPath, Any]]:
+    """A dict's children (at depth `below`): each value under its key's segment, and a key
+    that may hold tensors (a rebuild call, a tuple...) under that segment + KEY_SEGMENT,
+    before its value (torch unpickles the key first)."""
     if _INERT_KEYS.issuperset(map(type, map(itemgetter(0), items))):   # the usual dict, in C
-        return [((*path, segment(k)), v) for k, v in items]
-    out: list[tuple[_Path, Any]] = []
+        return [([path, segment(k), below], v) for k, v in items]
+    out: list[tuple[AnyPath, Any]] = []
     for k, v in items:
-        at = (*path, segment(k))
+        at = [path, segment(k), below]
         if type(k) not in _INERT_KEYS:
-            out.append(((*at, KEY_SEGMENT), k))
+            out.append(([at, KEY_SEGMENT, below + 1], k))
         out.append((at, v))
     return out
 
 
 def push_all(push: Any, path: _Path, mapping: dict[Any, Any]) -> None:
+    below = len(path) + 1
     for k, v in reversed(list(mapping.items())):
-        push(((*path, segment(k)), v))
+        push(([path, segment(k), below], v))
 
 
-def _call_children(path: _Path, call: Call) -> list[tuple[_Path, Any]]:
+def _call_children(path: AnyPath, below: int, call: Call) -> list[tuple[AnyPath, Any]]:
     """Children of an object built by a call: items, appends, BUILD attributes, args.
 
     A dict type called with its items (`Counter({k: v})`, `OrderedDict([(k, v), ...])`,
@@ -763,7 +770,7 @@ def _call_children(path: _Path, call: Call) -> list[tuple[_Path, Any]]:
     arguments) holds them as its own items, first, as the built object does: they are named by
     their keys, not by the argument's index. Its other arguments keep their index.
     """
-    out: list[tuple[_Path, Any]] = []
+    out: list[tuple[AnyPath, Any]] = []
     args = call.args
     items_at = _DICT_TYPES.get(call.func) if type(call.func) is Global \
         and call.opcode != "NEWOBJ" and call.opcode != "NEWOBJ_EX" else None
@@ -781,16 +788,16 @@ def _call_children(path: _Path, call: Call) -> list[tuple[_Path, Any]]:
     items += call.setitems
     if type(call.func) is Global and call.func in _DICT_TYPES:   # a dict: a key set again
         items = _as_dict(items)                                  # replaces the value
-    out += _keyed(path, items)
-    out += [((*path, i), v) for i, v in enumerate(call.appends)]
+    out += _keyed(path, below, items)
+    out += [([path, i, below], v) for i, v in enumerate(call.appends)]
     # BUILD updates the object's attributes (`__dict__.update`, slots by setattr): an
     # attribute set again holds the last value
     attributes = [kv for state in call.state
                   for part in (state if type(state) is tuple and len(state) == 2 else (state,))
                   if type(part) is dict for kv in part.items()]
-    out += [((*path, segment(k)), v) for k, v in _as_dict(attributes)]
+    out += [([path, segment(k), below], v) for k, v in _as_dict(attributes)]
     if type(args) is tuple or type(args) is list:
-        out += [((*path, i), v) for i, v in enumerate(args) if i != items_at]
+        out += [([path, i, below], v) for i, v in enumerate(args) if i != items_at]
     return out
 
 
