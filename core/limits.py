@@ -40,7 +40,8 @@ class Limits:
     max_npy_header_bytes: int = 10_000           # numpy's default cap
     max_npy_headers_total: int = 2 * 1024 * 1024  # all .npy headers of one .npz together
     max_trailing_pickles: int = 16
-    # Keys of all OrderedDict BUILD states of one pickle: torch updates `__dict__` with every
+    # Keys of all OrderedDict BUILD states of one pickle, and items of the containers calls
+    # copy (set(list), OrderedDict(pairs), Counter(dict)): torch updates `__dict__` with every
     # key of every BUILD, so one memoized 10k-key state applied by 100k BUILDs costs 1 G steps
     # (torch's and every walk of ours). Past it: not modelled, "would take minutes or hang".
     max_build_state_keys: int = 1_000_000

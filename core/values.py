@@ -117,3 +117,40 @@ def brief(value: Any) -> str:
     """repr() of a value from a pickle for a message, bounded in depth, items and length:
     memoized parts can give a few hundred bytes 2**40 paths, which repr() would walk."""
     return _BRIEF.repr(value)
+
+
+# Callees that read a container argument when they are called (REDUCE): the object they
+# build holds its contents as they were then, not as a later APPEND or SETITEM on the
+# memoized original leaves them. -> the index of that argument.
+_READ_AT_CALL = {
+    Global("builtins", "set"): 0, Global("builtins", "frozenset"): 0,
+    Global("builtins", "dict"): 0, Global("collections", "OrderedDict"): 0,
+    Global("collections", "Counter"): 0, Global("collections", "defaultdict"): 1,
+    Global("torch._utils", "_rebuild_tensor_v2"): 6,   # metadata: conj / neg bits, set then
+    Global("torch._utils", "_rebuild_tensor_v3"): 7,
+}
+
+
+def as_called(func: Any, args: Any) -> tuple[Any, int]:
+    """(`args` with the container a callee reads at the call (`_READ_AT_CALL`) copied, one
+    level deep, as the callee copies it; how many items were copied)."""
+    at = _READ_AT_CALL.get(func) if type(func) is Global else None
+    if at is None or type(args) is not tuple or len(args) <= at:
+        return args, 0
+    arg = args[at]
+    if type(arg) is dict:
+        arg = dict(arg)
+    elif type(arg) is list:
+        arg = list(arg)
+    else:
+        return args, 0
+    return (*args[:at], arg, *args[at + 1:]), len(arg)
+
+
+def as_built(state: Any) -> Any:
+    """A BUILD state as `__setstate__` / `__dict__.update` take it: its dicts copied then."""
+    if type(state) is dict:
+        return dict(state)
+    if type(state) is tuple and len(state) == 2:
+        return tuple(dict(part) if type(part) is dict else part for part in state)
+    return state

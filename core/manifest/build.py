@@ -796,6 +796,8 @@ def _call_children(path: AnyPath, below: int, call: Call) -> list[tuple[AnyPath,
                   for part in (state if type(state) is tuple and len(state) == 2 else (state,))
                   if type(part) is dict for kv in part.items()]
     out += [([path, segment(k), below], v) for k, v in _as_dict(attributes)]
+    if type(call.func) is Global and call.func in _DICT_TYPES and call.opcode in ("NEWOBJ", "NEWOBJ_EX"):
+        return out   # `dict.__new__(cls, *args)` ignores them: the object holds none of them
     if type(args) is tuple or type(args) is list:
         out += [([path, i, below], v) for i, v in enumerate(args) if i != items_at]
     return out

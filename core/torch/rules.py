@@ -16,9 +16,10 @@ manifest (core.manifest). A rule changed here changes every path at once.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
-from itertools import accumulate, chain, repeat
-from operator import contains, mul, sub
+from collections.abc import Callable, Sequence
+from itertools import accumulate, chain, compress, repeat
+from math import prod
+from operator import contains, mul, not_, sub
 from typing import Any
 
 from ckptguard.core.errors import Decline
@@ -261,6 +262,18 @@ def set_args(offset: Any, size: Any, stride: Any) -> tuple[tuple[int, ...], tupl
     return shape, strides
 
 
+def numel_overflows(shape: Sequence[int]) -> bool:
+    """torch's TensorImpl::compute_numel on sizes >= 0: a running uint64 product that sticks
+    at the first step past 2**64 - 1, or a product past int64. So (2**32, 2**32, 0) overflows
+    and (2**31, 2**32, 0) is an empty tensor."""
+    numel = 1
+    for n in shape:
+        numel *= n
+        if numel >> 64:
+            return True
+    return numel > INT64_MAX
+
+
 def check_view(st: StorageInfo, itemsize: int, offset: Any, size: Any, stride: Any, *,
                 quantized: bool = False) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """`Tensor.set_(storage, offset, size, stride)` (FORMATS.md §2.6); grows a resizable storage.
@@ -279,15 +292,15 @@ def check_view(st: StorageInfo, itemsize: int, offset: Any, size: Any, stride: A
         raise Fail("RuntimeError", f"Tensor: invalid storage offset {offset}")
     if any(s < 0 for s in shape):
         raise unmodelled("negative size")
+    if numel_overflows(shape):   # torch: "numel: integer multiplication overflow"
+        raise unmodelled("element count near int64 overflow")
     numel = 1
     for s in shape:
         numel *= s
-        if numel >= INT64_SAFE:  # stop before the product becomes a huge int
-            break
-    if numel >= INT64_SAFE:
-        raise unmodelled("element count near int64 overflow")
     if numel == 0:
         return shape, strides
+    if numel >= INT64_SAFE:
+        raise unmodelled("element count near int64 overflow")
     # computeStorageNbytes adds stride * (size - 1) as uint64: a negative stride overflows
     # only on a dimension of size 2 or more (size 1 takes any stride: measured, torch 2.13)
     if any(d < 0 and s > 1 for s, d in zip(shape, strides, strict=True)):
@@ -385,6 +398,8 @@ def check_rebuild(full: str, args: tuple[Any, ...],
             raise Decline("negative, huge or non-integer size/stride (torch parses int64)")
         empty = empty or n == 0
         extent += (n - 1) * st
+    if numel_overflows(size):
+        raise Decline("an element count past int64 (torch refuses it)")
     if not empty and (offset + extent) * itemsize > nbytes:
         raise Decline("tensor view past the end of its storage")
     return dtype
@@ -411,6 +426,12 @@ def view_extents(sizes: Any, strides: Any) -> tuple[list[int], list[bool]]:
     dims = list(map(len, sizes))
     if dims and max(dims) > MAX_COLUMN_DIMS:
         raise Decline("too many dimensions")
+    if dims and max(dims) > 2:   # sizes < 2**28: two dims cannot pass int64
+        # a non-empty tensor's running product only grows: past int64 iff its numel is; an
+        # empty one's stops at its first zero (numel_overflows)
+        numels = list(map(prod, sizes))
+        if max(numels) > INT64_MAX or any(map(numel_overflows, compress(sizes, map(not_, numels)))):
+            raise Decline("an element count past int64 (torch refuses it)")
     # running sums of (n - 1) * stride over every dim, read where each tensor's dims end:
     # a tensor's sum is its end's minus the previous tensor's (C loops, no statement a dim)
     running = list(accumulate(map(mul, map(sub, flat_n, repeat(1)), flat_s), initial=0))

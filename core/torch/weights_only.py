@@ -65,7 +65,7 @@ from ckptguard.core.torch.user_models import (
     check_partial_state,
     user_model,
 )
-from ckptguard.core.values import Call, Global, PersId, brief
+from ckptguard.core.values import Call, Global, PersId, as_built, as_called, brief
 
 # torch's accepted opcodes (core.torch.rules) as bytes, from the one opcode table: here, not
 # in rules, which the fast lane imports without the opcode table
@@ -190,7 +190,7 @@ class _Emulator:
         self.storages: list[StorageUse] = []
         self.seen_keys: set[str] = set()
         self.hashing = HashBudget()       # dict keys and set members hashed so far
-        self.build_keys = 0               # keys of every OrderedDict BUILD state so far
+        self.build_keys = 0               # items copied by BUILDs and calls so far (charge_copies)
         self.built: dict[int, Call] = {}   # offset -> a tensor whose view a BUILD changed
         self.loaded: dict[Any, StorageInfo] = {}      # torch's loaded_storages / deserialized_objects
         self.info: dict[int, StorageInfo] = {}        # id(PersId) -> the storage it stands for
@@ -456,6 +456,8 @@ class _Emulator:
             if func.full == "torch._utils._rebuild_nested_tensor":   # needs the metadata's bytes
                 return rebuild_nested_tensor(func, args, self.storage_of, "REDUCE", self.op_offset,
                                              getattr(self.resolver, "read", None))
+            args, copied = as_called(func, args)
+            self.charge_copies(copied)
             result = call_allowed(func, args, self.storage_of, "REDUCE", self.op_offset, self.hashing)
             if result.attrs.get("built"):   # a Parameter or subclass of a tensor a BUILD moved
                 self.built[result.offset] = result
@@ -484,20 +486,26 @@ class _Emulator:
         c.attrs["user"] = is_class
         return c
 
+    def charge_copies(self, items: int) -> None:
+        """Count the items torch copies out of the pickle's containers (an OrderedDict BUILD's
+        state into `__dict__`, `set(list)`, `OrderedDict(pairs)`): a memoized 10k-item one
+        copied by 100k calls is 1 G steps, torch's and ours. Past the cap: Unmodelled."""
+        self.build_keys += items
+        if self.build_keys > self.limits.max_build_state_keys:
+            raise self.fail("Unmodelled", "not modelled: BUILD states and call arguments of more "
+                            f"than {self.limits.max_build_state_keys} items in all (torch.load "
+                            "would take minutes or hang)")
+
     def op_build(self, inst: Any, state: Any) -> None:
         t = self.tname(inst)
         if isinstance(inst, Call) and t in ("collections.OrderedDict",):
             if not isinstance(state, dict):
                 raise self.fail("Unmodelled", "not modelled: OrderedDict BUILD with a non-dict state")
-            self.build_keys += len(state)
-            if self.build_keys > self.limits.max_build_state_keys:
-                raise self.fail("Unmodelled", "not modelled: BUILD states of more than "
-                                f"{self.limits.max_build_state_keys} keys in all (torch.load would take "
-                                "minutes or hang)")
+            self.charge_copies(len(state))
             if not all(isinstance(k, str) for k in state):
                 raise self.fail("Unmodelled", "not modelled: OrderedDict BUILD state with a key "
                                 "that is not a string")
-            inst.state.append(state)
+            inst.state.append(as_built(state))   # __dict__.update: the keys it has now
             return
         if isinstance(inst, Call) and inst.attrs.get("build") and t in self.allowed:
             try:  # type(inst) allowlisted: torch calls its __setstate__
@@ -518,7 +526,7 @@ class _Emulator:
                 build(inst, state, lambda v: type_name(v, self.storage_of), self.storage_of)
             except Fail as exc:
                 raise self.fail(exc.type, exc.message) from None
-            inst.state.append(state)
+            inst.state.append(as_built(state))
             self.built[inst.offset] = inst
             return
         if t in ALLOWED_GLOBALS or f"builtins.{t}" in ALLOWED_GLOBALS or t in self.allowed:

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from ckptguard.core.limits import DEFAULT_LIMITS
 from ckptguard.core.scan import scan_bytes
 from ckptguard.core.torch import callables
 from tests.builders.torchlayout import torch_layout
@@ -57,3 +58,25 @@ def test_a_memoized_tuple_is_walked_once_however_often_it_is_hashed(
         assert report.verdict == "suspicious"
         assert report.weights_only.error_type == "Unmodelled"
         assert "tuple elements" in (report.weights_only.error or ""), report.weights_only
+
+
+@pytest.mark.parametrize("calls", [50, 200])
+def test_containers_copied_by_calls_are_charged(calls: int) -> None:
+    """Counter(d) copies d when it is called (and the report holds that copy): one memoized
+    10,000-key dict passed to 200 calls is 2 M items copied, torch's work and ours. They
+    count against Limits.max_build_state_keys (1 M) with the OrderedDict BUILD states: past
+    it, Unmodelled, as torch would take minutes at 100k calls. torch loads both files."""
+    keys = b"".join(b"X" + len(f"k{i}").to_bytes(4, "little") + f"k{i}".encode() + b"K\x01"
+                    for i in range(10_000))
+    mapping = b"}q\x01(" + keys + b"u\x85q\x02"          # (d,) in memo 2
+    more = b"".join(b"X" + len(f"c{i}").to_bytes(4, "little") + f"c{i}".encode()
+                    + b"h\x03h\x02R" for i in range(1, calls))
+    pkl = (b"\x80\x02}q\x00(X\x01\x00\x00\x00c" + b"ccollections\nCounter\nq\x03" + mapping + b"R"
+           + more + b"u.")
+    report = scan_bytes(torch_layout("archive", pkl), name="x.pt")
+    if calls * 10_000 <= DEFAULT_LIMITS.max_build_state_keys:
+        assert report.verdict == "safe" and report.weights_only.loadable, report.weights_only
+        return
+    assert report.weights_only.error_type == "Unmodelled", report.weights_only
+    assert "call arguments" in (report.weights_only.error or "")
+    assert report.verdict == "suspicious"

@@ -53,8 +53,10 @@ def _check_capped(data: bytes, pickle_bytes: int, tensors: int) -> dict[str, Any
     if cut:
         assert report["verdict"] != "safe"
         listed = {"tensors": len(report["tensors"]), "globals": len(report["globals"]),
-                  "findings": len(report["findings"]) - 1, "storages": len(report["storages"])}
-        counts = re.findall(r"([\d,]+) of ([\d,]+) (tensors|globals|findings|storages)",
+                  "findings": len(report["findings"]) - 1, "storages": len(report["storages"]),
+                  "regions": len(report["regions"])}
+        # the map's regions come last: a report may lose only some of them
+        counts = re.findall(r"([\d,]+) of ([\d,]+) (tensors|globals|findings|storages|regions)",
                             cut[0]["message"])
         assert counts
         for missing, total, label in counts:   # listed + not listed = all
