@@ -14,6 +14,7 @@ import pytest
 from tests.agreement import assert_agree
 from tests.builders.pickle_asm import asm
 from tests.builders.torchlayout import torch_layout, v2
+from tests.builders.torchsave import loaded_tensors
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.torch
@@ -54,31 +55,13 @@ CASES: dict[str, list[Any]] = {
 }
 
 
-def _tensors(obj: Any) -> list[Any]:
-    """Every tensor in torch's object: containers, sets and BUILD attributes."""
-    out, stack, seen = [], [obj], set()
-    while stack:
-        x = stack.pop()
-        if isinstance(x, torch.Tensor):
-            out.append(x)
-        elif id(x) in seen:
-            continue
-        elif isinstance(x, dict):
-            seen.add(id(x))
-            stack += [*x.values(), *vars(x).values()] if hasattr(x, "__dict__") else list(x.values())
-        elif isinstance(x, (list, tuple, set, frozenset)):
-            seen.add(id(x))
-            stack += list(x)
-    return out
-
-
 @pytest.mark.parametrize("case", list(CASES))
 def test_calls_hold_their_arguments_as_they_were(case: str) -> None:
     ops = CASES[case]
     pkl = asm(("PROTO", 2), "EMPTY_DICT", "MARK", *PAD, *ops, "SETITEMS", "STOP")
     keys = [k for k in ("0", "1") if ("BINUNICODE", k) in ops]   # the storage keys it names
     data = torch_layout("archive", pkl, [(k, bytes(range(16))) for k in keys])
-    loaded = _tensors(torch.load(io.BytesIO(data), weights_only=True))
+    loaded = loaded_tensors(torch.load(io.BytesIO(data), weights_only=True))
     view = assert_agree(data, label=case)   # every engine: one report
     assert view["verdict"] == "safe", view["findings"]
     assert len(view["tensors"]) == len(loaded), [row["name"] for row in view["tensors"]]

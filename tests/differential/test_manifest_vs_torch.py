@@ -27,6 +27,7 @@ from ckptguard.core.scan import scan_path
 from ckptguard.core.state import Analysis
 from ckptguard.core.torch.dtypes import ITEMSIZE, storage_dtype
 from ckptguard.core.values import Global
+from tests.builders.torchsave import loaded_tensors
 from tests.fixtures.generate import Case, catalogue
 
 torch = pytest.importorskip("torch")
@@ -416,24 +417,6 @@ def test_key_names_match_torch(tmp_path: Path, case_id: str) -> None:
     compare(case, tensors, storages)
 
 
-def _all_tensors(obj: Any) -> list[Any]:
-    """Every tensor torch built, dict keys included, in no particular order."""
-    out, stack, seen = [], [obj], set()
-    while stack:
-        x = stack.pop()
-        if isinstance(x, torch.Tensor):
-            out.append(x)
-        elif id(x) in seen:
-            continue
-        elif isinstance(x, dict):
-            seen.add(id(x))
-            stack += [*x.keys(), *x.values()]
-        elif isinstance(x, (list, tuple, set, frozenset)):
-            seen.add(id(x))
-            stack += list(x)
-    return out
-
-
 def _tensor_key_cases() -> dict[str, Any]:
     import collections
     t, u, w = torch.arange(3.0), torch.ones(2, 2, dtype=torch.int16), torch.zeros(5)
@@ -452,7 +435,7 @@ def test_tensors_in_dict_keys_are_listed(tmp_path: Path, case_id: str) -> None:
     named after the key's segment and `(key)` (core.manifest.build), with its bytes."""
     path = tmp_path / f"{case_id}.pt"
     torch.save(_tensor_key_cases()[case_id], path)
-    loaded = _all_tensors(torch.load(path, weights_only=True))
+    loaded = loaded_tensors(torch.load(path, weights_only=True))
     report = scan_path(path)
     assert report.verdict == "safe" and report.weights_only.loadable
     blob = path.read_bytes()
@@ -468,7 +451,7 @@ def test_tensors_in_dict_keys_are_listed(tmp_path: Path, case_id: str) -> None:
     assert got == want
     assert len(report.tensors) == len(loaded)
     assert sum("(key)" in e.path for e in report.tensors) \
-        == len(_all_tensors([k for d in _dicts(torch.load(path, weights_only=True)) for k in d]))
+        == len(loaded_tensors([k for d in _dicts(torch.load(path, weights_only=True)) for k in d]))
 
 
 def _dicts(obj: Any) -> list[dict[Any, Any]]:
