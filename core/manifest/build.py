@@ -319,7 +319,7 @@ class _Builder:
                 if id(value) in seen:
                     continue
                 seen.add(id(value))
-                extend(reversed([([path, i, below], v) for i, v in enumerate(value)]))
+                extend(reversed([([path, i, below], v) for i, v in enumerate(_in_pickle_order(value))]))
             elif isinstance(value, (dict, list, tuple)):
                 # subclasses (core.pickle.fast.stubs builds OrderedDict/list stand-ins): same as the
                 # base, then the attributes a BUILD set (as for a Call's state)
@@ -739,6 +739,21 @@ def _storage_pid(pid: Any) -> tuple[Any, str, Any, Any]:
     if type(key) is not str:
         raise _Bad(f"storage key is {type(key).__name__}, not str")
     return stype, key, location, numel
+
+
+def _pickle_position(member: Any) -> int:
+    """Where a set member was made in the pickle: a call's or a storage's offset, a tuple's
+    first such item's; -1 for plain values (they come first, in any order: they name nothing)."""
+    if type(member) is tuple:
+        return min((x.offset for x in member if type(x) is Call or type(x) is PersId), default=-1)
+    return member.offset if type(member) is Call or type(member) is PersId else -1  # type: ignore[no-any-return]
+
+
+def _in_pickle_order(members: set[Any] | frozenset[Any]) -> list[Any]:
+    """A set's members in an order that is the same in every run: a set of calls or storages
+    iterates by their ids (memory addresses), so its index names would change from scan to
+    scan; the tensors in it are named by where the pickle made them."""
+    return sorted(members, key=_pickle_position)
 
 
 def _keyed(path: AnyPath, below: int, items: Collection[tuple[Any, Any]]) -> list[tuple[AnyPath, Any]]:
