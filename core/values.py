@@ -131,20 +131,20 @@ _READ_AT_CALL = {
 }
 
 
-def as_called(func: Any, args: Any) -> tuple[Any, int]:
+def as_called(func: Any, args: Any) -> tuple[Any, Any]:
     """(`args` with the container a callee reads at the call (`_READ_AT_CALL`) copied, one
-    level deep, as the callee copies it; how many items were copied)."""
+    level deep, as the callee copies it; the container copied, or None)."""
     at = _READ_AT_CALL.get(func) if type(func) is Global else None
     if at is None or type(args) is not tuple or len(args) <= at:
-        return args, 0
+        return args, None
     arg = args[at]
     if type(arg) is dict:
-        arg = dict(arg)
+        copy: Any = dict(arg)
     elif type(arg) is list:
-        arg = list(arg)
+        copy = list(arg)
     else:
-        return args, 0
-    return (*args[:at], arg, *args[at + 1:]), len(arg)
+        return args, None
+    return (*args[:at], copy, *args[at + 1:]), arg
 
 
 def as_built(state: Any) -> Any:

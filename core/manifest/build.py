@@ -741,12 +741,33 @@ def _storage_pid(pid: Any) -> tuple[Any, str, Any, Any]:
     return stype, key, location, numel
 
 
+_FIRST_MADE_NODES = 1_000   # nodes of one hashable value searched by _first_made
+
+
+def _first_made(value: Any) -> int | None:
+    """The smallest pickle offset of a call or storage inside a hashable value (tuples and
+    frozensets searched, up to _FIRST_MADE_NODES nodes); -1 if it holds none, None if the
+    search stopped first (then it may hold one)."""
+    first, stack, seen, left = -1, [value], set(), _FIRST_MADE_NODES
+    while stack:
+        left -= 1
+        if left < 0:
+            return None
+        x = stack.pop()
+        t = type(x)
+        if t is Call or t is PersId:
+            first = x.offset if first < 0 else min(first, x.offset)
+        elif (t is tuple or t is frozenset) and id(x) not in seen:
+            seen.add(id(x))
+            stack.extend(x)
+    return first
+
+
 def _pickle_position(member: Any) -> int:
-    """Where a set member was made in the pickle: a call's or a storage's offset, a tuple's
-    first such item's; -1 for plain values (they come first, in any order: they name nothing)."""
-    if type(member) is tuple:
-        return min((x.offset for x in member if type(x) is Call or type(x) is PersId), default=-1)
-    return member.offset if type(member) is Call or type(member) is PersId else -1  # type: ignore[no-any-return]
+    """Where a set member was made in the pickle: the first call or storage inside it; -1 for
+    plain values (they come first, in any order: they name nothing)."""
+    first = _first_made(member)
+    return -1 if first is None else first
 
 
 def _in_pickle_order(members: set[Any] | frozenset[Any]) -> list[Any]:
@@ -765,8 +786,10 @@ def _keyed(path: AnyPath, below: int, items: Collection[tuple[Any, Any]]) -> lis
     out: list[tuple[AnyPath, Any]] = []
     for k, v in items:
         at = [path, segment(k), below]
-        if type(k) not in _INERT_KEYS:
-            out.append(([at, KEY_SEGMENT, below + 1], k))
+        if type(k) not in _INERT_KEYS and _first_made(k) != -1:
+            # `(key)` names, it is no level of nesting: the key's items sit as deep as the
+            # value's would (Limits.max_depth counts the pickle's containers)
+            out.append(([at, KEY_SEGMENT, below], k))
         out.append((at, v))
     return out
 

@@ -191,6 +191,7 @@ class _Emulator:
         self.seen_keys: set[str] = set()
         self.hashing = HashBudget()       # dict keys and set members hashed so far
         self.build_keys = 0               # items copied by BUILDs and calls so far (charge_copies)
+        self.copied: dict[int, Any] = {}  # containers a call copied (kept alive: ids stay unique)
         self.built: dict[int, Call] = {}   # offset -> a tensor whose view a BUILD changed
         self.loaded: dict[Any, StorageInfo] = {}      # torch's loaded_storages / deserialized_objects
         self.info: dict[int, StorageInfo] = {}        # id(PersId) -> the storage it stands for
@@ -457,7 +458,10 @@ class _Emulator:
                 return rebuild_nested_tensor(func, args, self.storage_of, "REDUCE", self.op_offset,
                                              getattr(self.resolver, "read", None))
             args, copied = as_called(func, args)
-            self.charge_copies(copied)
+            if copied is not None:   # one copy of a container is linear in the pickle: its
+                if id(copied) in self.copied:   # copies again are what can multiply
+                    self.charge_copies(len(copied))
+                self.copied[id(copied)] = copied
             result = call_allowed(func, args, self.storage_of, "REDUCE", self.op_offset, self.hashing)
             if result.attrs.get("built"):   # a Parameter or subclass of a tensor a BUILD moved
                 self.built[result.offset] = result
@@ -488,8 +492,9 @@ class _Emulator:
 
     def charge_copies(self, items: int) -> None:
         """Count the items torch copies out of the pickle's containers (an OrderedDict BUILD's
-        state into `__dict__`, `set(list)`, `OrderedDict(pairs)`): a memoized 10k-item one
-        copied by 100k calls is 1 G steps, torch's and ours. Past the cap: Unmodelled."""
+        state into `__dict__`; `set(list)`, `OrderedDict(pairs)` of a container copied
+        before): a memoized 10k-item one copied by 100k calls is 1 G steps, torch's and
+        ours. Past the cap: Unmodelled."""
         self.build_keys += items
         if self.build_keys > self.limits.max_build_state_keys:
             raise self.fail("Unmodelled", "not modelled: BUILD states and call arguments of more "

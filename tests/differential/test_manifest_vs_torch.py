@@ -464,3 +464,31 @@ def _dicts(obj: Any) -> list[dict[Any, Any]]:
         elif isinstance(x, (list, tuple)):
             stack += list(x)
     return out
+
+
+@pytest.mark.parametrize("max_depth", [4, 6])
+@pytest.mark.parametrize("key", ["plain tuple", "tensor", "tuple with a tensor"])
+def test_keys_add_no_level_of_nesting(tmp_path: Path, max_depth: int, key: str) -> None:
+    """A key's `(key)` segment names; it is not a level of nesting (a review: a plain `(1, 2)`
+    key at the depth limit turned `safe` into LIMIT_DEPTH): the same nesting with a string
+    key gets the same verdict."""
+    from ckptguard.core import records
+    from ckptguard.core.limits import DEFAULT_LIMITS
+    from ckptguard.core.state import ScanOptions
+
+    t = torch.ones(2)
+    keys = {"plain tuple": (1, 2), "tensor": t, "tuple with a tensor": (t, "a")}
+
+    def nested(k: Any) -> Any:
+        value: Any = {k: torch.zeros(1)}
+        for _ in range(max_depth - 2):
+            value = {"n": value}
+        return value
+
+    options = ScanOptions(limits=records.replace(DEFAULT_LIMITS, max_depth=max_depth))
+    verdicts = []
+    for name, k in (("str", "s"), (key, keys[key])):
+        path = tmp_path / f"{name}.pt"
+        torch.save(nested(k), path)
+        verdicts.append(scan_path(path, options=options).verdict)
+    assert verdicts[0] == verdicts[1] == "safe", verdicts

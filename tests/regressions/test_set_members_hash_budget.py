@@ -11,8 +11,11 @@ from typing import Any
 
 import pytest
 
+from ckptguard.core import records
 from ckptguard.core.limits import DEFAULT_LIMITS
+from ckptguard.core.report import WeightsOnly
 from ckptguard.core.scan import scan_bytes
+from ckptguard.core.state import ScanOptions
 from ckptguard.core.torch import callables
 from tests.builders.torchlayout import torch_layout
 
@@ -80,3 +83,22 @@ def test_containers_copied_by_calls_are_charged(calls: int) -> None:
     assert report.weights_only.error_type == "Unmodelled", report.weights_only
     assert "call arguments" in (report.weights_only.error or "")
     assert report.verdict == "suspicious"
+
+
+def test_one_container_copied_once_is_not_charged() -> None:
+    """A set or Counter of many items is one copy, linear in the pickle (a review: a torch.save
+    of a 1.1 M-item set was Unmodelled): only a container copied again is charged."""
+    keys = b"".join(b"X" + len(f"k{i}").to_bytes(4, "little") + f"k{i}".encode() + b"K\x01"
+                    for i in range(5_000))
+    first = (b"\x80\x02}q\x00(X\x01\x00\x00\x00cccollections\nCounter\nq\x03}q\x01(" + keys
+             + b"u\x85q\x02R")                                   # 'c': Counter(d)
+    again = b"X\x01\x00\x00\x00dh\x03h\x02R"                      # 'd': Counter(d) again
+
+    def verdict(pkl: bytes, cap: int) -> WeightsOnly:
+        limits = records.replace(DEFAULT_LIMITS, max_build_state_keys=cap)
+        return scan_bytes(torch_layout("archive", pkl), name="x.pt",
+                          options=ScanOptions(limits=limits)).weights_only
+
+    assert verdict(first + b"u.", 4_000).loadable                  # one copy of 5,000: free
+    assert verdict(first + again + b"u.", 6_000).loadable          # the second: 5,000 charged
+    assert verdict(first + again + b"u.", 4_000).error_type == "Unmodelled"
