@@ -398,8 +398,11 @@ def check_rebuild(full: str, args: tuple[Any, ...],
             raise Decline("negative, huge or non-integer size/stride (torch parses int64)")
         empty = empty or n == 0
         extent += (n - 1) * st
-    if numel_overflows(size):
-        raise Decline("an element count past int64 (torch refuses it)")
+    # the exact path's rule (check_view): past int64 torch refuses, from INT64_SAFE on the
+    # exact path does not model it; an empty view's count stops at its first zero
+    numel = prod(size)
+    if numel >= INT64_SAFE or (not numel and numel_overflows(size)):
+        raise Decline("an element count near or past int64")
     if not empty and (offset + extent) * itemsize > nbytes:
         raise Decline("tensor view past the end of its storage")
     return dtype
@@ -427,11 +430,11 @@ def view_extents(sizes: Any, strides: Any) -> tuple[list[int], list[bool]]:
     if dims and max(dims) > MAX_COLUMN_DIMS:
         raise Decline("too many dimensions")
     if dims and max(dims) > 2:   # sizes < 2**28: two dims cannot pass int64
-        # a non-empty tensor's running product only grows: past int64 iff its numel is; an
-        # empty one's stops at its first zero (numel_overflows)
+        # a non-empty tensor's running product only grows: past the bound iff its numel is;
+        # an empty one's stops at its first zero (numel_overflows)
         numels = list(map(prod, sizes))
-        if max(numels) > INT64_MAX or any(map(numel_overflows, compress(sizes, map(not_, numels)))):
-            raise Decline("an element count past int64 (torch refuses it)")
+        if max(numels) >= INT64_SAFE or any(map(numel_overflows, compress(sizes, map(not_, numels)))):
+            raise Decline("an element count near or past int64 (check_view's rule)")
     # running sums of (n - 1) * stride over every dim, read where each tensor's dims end:
     # a tensor's sum is its end's minus the previous tensor's (C loops, no statement a dim)
     running = list(accumulate(map(mul, map(sub, flat_n, repeat(1)), flat_s), initial=0))
