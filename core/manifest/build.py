@@ -141,8 +141,9 @@ _Path = tuple[str | int, ...]
 
 # the segment after a dict key's own when the key itself holds tensors (see Naming)
 KEY_SEGMENT = "(key)"
-# keys the walk has nothing to find in (no tensor, no storage): only their segment is kept
-_INERT_KEYS = frozenset((str, int, bytes, float, bool, type(None), Global))
+# values the walk has nothing to find in (no tensor, no storage): a key of these types keeps
+# only its segment, a set of them needs no order
+_INERT_TYPES = frozenset((str, int, bytes, float, bool, type(None), Global))
 
 
 class _Bad(Exception):
@@ -773,7 +774,10 @@ def _pickle_position(member: Any) -> int:
 def _in_pickle_order(members: set[Any] | frozenset[Any]) -> list[Any]:
     """A set's members in an order that is the same in every run: a set of calls or storages
     iterates by their ids (memory addresses), so its index names would change from scan to
-    scan; the tensors in it are named by where the pickle made them."""
+    scan; the tensors in it are named by where the pickle made them. A set of plain values
+    names nothing: as it is (one C pass, no search a member)."""
+    if _INERT_TYPES.issuperset(map(type, members)):
+        return list(members)
     return sorted(members, key=_pickle_position)
 
 
@@ -781,12 +785,12 @@ def _keyed(path: AnyPath, below: int, items: Collection[tuple[Any, Any]]) -> lis
     """A dict's children (at depth `below`): each value under its key's segment, and a key
     that may hold tensors (a rebuild call, a tuple...) under that segment + KEY_SEGMENT,
     before its value (torch unpickles the key first)."""
-    if _INERT_KEYS.issuperset(map(type, map(itemgetter(0), items))):   # the usual dict, in C
+    if _INERT_TYPES.issuperset(map(type, map(itemgetter(0), items))):   # the usual dict, in C
         return [([path, segment(k), below], v) for k, v in items]
     out: list[tuple[AnyPath, Any]] = []
     for k, v in items:
         at = [path, segment(k), below]
-        if type(k) not in _INERT_KEYS and _first_made(k) != -1:
+        if type(k) not in _INERT_TYPES and _first_made(k) != -1:
             # `(key)` names, it is no level of nesting: the key's items sit as deep as the
             # value's would (Limits.max_depth counts the pickle's containers)
             out.append(([at, KEY_SEGMENT, below], k))

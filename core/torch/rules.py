@@ -263,15 +263,25 @@ def set_args(offset: Any, size: Any, stride: Any) -> tuple[tuple[int, ...], tupl
 
 
 def numel_overflows(shape: Sequence[int]) -> bool:
-    """torch's TensorImpl::compute_numel on sizes >= 0: a running uint64 product that sticks
-    at the first step past 2**64 - 1, or a product past int64. So (2**32, 2**32, 0) overflows
-    and (2**31, 2**32, 0) is an empty tensor."""
+    """torch's TensorImpl::compute_numel on sizes >= 0: a running uint64 product whose
+    overflow flag sticks at the first step past 2**64 - 1, or a product past int64. So
+    (2**32, 2**32, 0) overflows and (2**31, 2**32, 0) is an empty tensor."""
     numel = 1
     for n in shape:
         numel *= n
         if numel >> 64:
             return True
     return numel > INT64_MAX
+
+
+def numel_unmodelled(shape: Sequence[int], numel: int | None = None) -> bool:
+    """The view's element count (`numel`: its product, if known) is one the exact path does
+    not model: past int64 (torch refuses it: `numel_overflows`) or from INT64_SAFE on. A
+    non-empty view's running product only grows, so its product decides; an empty one's
+    count stops at its first zero. Every engine declines or is Unmodelled by this one rule."""
+    if numel is None:
+        numel = prod(shape)
+    return numel >= INT64_SAFE or (not numel and numel_overflows(shape))
 
 
 def check_view(st: StorageInfo, itemsize: int, offset: Any, size: Any, stride: Any, *,
@@ -292,15 +302,11 @@ def check_view(st: StorageInfo, itemsize: int, offset: Any, size: Any, stride: A
         raise Fail("RuntimeError", f"Tensor: invalid storage offset {offset}")
     if any(s < 0 for s in shape):
         raise unmodelled("negative size")
-    if numel_overflows(shape):   # torch: "numel: integer multiplication overflow"
+    numel = prod(shape)
+    if numel_unmodelled(shape, numel):   # past int64, torch: "numel: integer multiplication overflow"
         raise unmodelled("element count near int64 overflow")
-    numel = 1
-    for s in shape:
-        numel *= s
     if numel == 0:
         return shape, strides
-    if numel >= INT64_SAFE:
-        raise unmodelled("element count near int64 overflow")
     # computeStorageNbytes adds stride * (size - 1) as uint64: a negative stride overflows
     # only on a dimension of size 2 or more (size 1 takes any stride: measured, torch 2.13)
     if any(d < 0 and s > 1 for s, d in zip(shape, strides, strict=True)):
@@ -398,10 +404,7 @@ def check_rebuild(full: str, args: tuple[Any, ...],
             raise Decline("negative, huge or non-integer size/stride (torch parses int64)")
         empty = empty or n == 0
         extent += (n - 1) * st
-    # the exact path's rule (check_view): past int64 torch refuses, from INT64_SAFE on the
-    # exact path does not model it; an empty view's count stops at its first zero
-    numel = prod(size)
-    if numel >= INT64_SAFE or (not numel and numel_overflows(size)):
+    if numel_unmodelled(size):
         raise Decline("an element count near or past int64")
     if not empty and (offset + extent) * itemsize > nbytes:
         raise Decline("tensor view past the end of its storage")
@@ -427,13 +430,14 @@ def view_extents(sizes: Any, strides: Any) -> tuple[list[int], list[bool]]:
                    or max(flat_s) >= MAX_COLUMN_EXTENT):
         raise Decline("negative or huge size/stride")
     dims = list(map(len, sizes))
-    if dims and max(dims) > MAX_COLUMN_DIMS:
+    most = max(dims, default=0)
+    if most > MAX_COLUMN_DIMS:
         raise Decline("too many dimensions")
-    if dims and max(dims) > 2:   # sizes < 2**28: two dims cannot pass int64
-        # a non-empty tensor's running product only grows: past the bound iff its numel is;
-        # an empty one's stops at its first zero (numel_overflows)
+    if most > 2:   # sizes < 2**28: two dims cannot reach INT64_SAFE
+        # numel_unmodelled, its first clause over all products in C passes, then the
+        # empty views alone
         numels = list(map(prod, sizes))
-        if max(numels) >= INT64_SAFE or any(map(numel_overflows, compress(sizes, map(not_, numels)))):
+        if max(numels) >= INT64_SAFE or any(map(numel_unmodelled, compress(sizes, map(not_, numels)))):
             raise Decline("an element count near or past int64 (check_view's rule)")
     # running sums of (n - 1) * stride over every dim, read where each tensor's dims end:
     # a tensor's sum is its end's minus the previous tensor's (C loops, no statement a dim)

@@ -190,7 +190,7 @@ class _Emulator:
         self.storages: list[StorageUse] = []
         self.seen_keys: set[str] = set()
         self.hashing = HashBudget()       # dict keys and set members hashed so far
-        self.build_keys = 0               # items copied by BUILDs and calls so far (charge_copies)
+        self.copied_items = 0             # items copied by BUILDs and calls so far (charge_copies)
         self.copied: dict[int, Any] = {}  # containers a call copied (kept alive: ids stay unique)
         self.built: dict[int, Call] = {}   # offset -> a tensor whose view a BUILD changed
         self.loaded: dict[Any, StorageInfo] = {}      # torch's loaded_storages / deserialized_objects
@@ -495,8 +495,8 @@ class _Emulator:
         state into `__dict__`; `set(list)`, `OrderedDict(pairs)` of a container copied
         before): a memoized 10k-item one copied by 100k calls is 1 G steps, torch's and
         ours. Past the cap: Unmodelled."""
-        self.build_keys += items
-        if self.build_keys > self.limits.max_build_state_keys:
+        self.copied_items += items
+        if self.copied_items > self.limits.max_build_state_keys:
             raise self.fail("Unmodelled", "not modelled: BUILD states and call arguments of more "
                             f"than {self.limits.max_build_state_keys} items in all (torch.load "
                             "would take minutes or hang)")
