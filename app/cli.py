@@ -17,7 +17,6 @@ import argparse
 import os
 import sys
 from collections.abc import Iterator, Sequence
-from typing import IO, Any, NoReturn
 
 from ckptguard.app.exit_codes import (
     EXIT_BROKEN_PIPE,
@@ -33,6 +32,10 @@ from ckptguard.app.targets import UsageError
 from ckptguard.core import __version__
 from ckptguard.core.errors import SourceError
 
+TYPE_CHECKING = False   # typing stays unimported at run time (core/typenames.py)
+if TYPE_CHECKING:
+    from typing import IO, Any, NoReturn
+
 EXIT_UNREADABLE = EXIT_BY_OUTCOME["unreadable"]
 
 SCAN_EXAMPLES = """examples:
@@ -42,7 +45,12 @@ SCAN_EXAMPLES = """examples:
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse exits 2 on a usage error, which is `unsafe` here: raise ours instead (64)."""
+    """argparse exits 2 on a usage error, which is `unsafe` here: raise ours instead (64).
+    Its formatter is _Formatter unless one is given."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _Formatter)
+        super().__init__(**kwargs)
 
     def error(self, message: str) -> NoReturn:
         raise UsageError(f"{self.prog}: {message}")
@@ -192,24 +200,41 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="ckptguard", description=__doc__.splitlines()[0],
-                     formatter_class=argparse.RawDescriptionHelpFormatter,
-                     epilog=f"{HELP}\n\n{SCAN_EXAMPLES}")
-    parser.add_argument("--version", action="version", version=f"ckptguard {__version__}")
-    parser.add_argument("--debug", action="store_true", help="print the traceback of an internal error")
-    sub = parser.add_subparsers(dest="command", required=True)
-    # --debug after the subcommand too; SUPPRESS so the subcommand's default cannot undo
-    # a --debug given before it
-    debug = _Parser(add_help=False)
-    debug.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
-                       help="print the traceback of an internal error")
+class _Formatter(argparse.HelpFormatter):
+    """argparse's formatter, its width read without `shutil`: argparse makes a formatter for
+    every argument it adds, and `shutil` (which imports bz2 and lzma) was ~1.5 ms of a small
+    file's whole-process scan. The width is what `shutil.get_terminal_size` gives."""
 
+    def __init__(self, prog: str, indent_increment: int = 2, max_help_position: int = 24,
+                 width: int | None = None) -> None:
+        if width is None:
+            width = _terminal_columns() - 2
+        super().__init__(prog, indent_increment, max_help_position, width)
+
+
+class _RawFormatter(_Formatter, argparse.RawDescriptionHelpFormatter):
+    """The same, keeping the line breaks of a description or epilog (the examples)."""
+
+
+def _terminal_columns() -> int:
+    try:
+        columns = int(os.environ["COLUMNS"])
+    except (KeyError, ValueError):
+        columns = 0
+    if columns <= 0:
+        try:
+            columns = os.get_terminal_size(sys.__stdout__.fileno()).columns  # type: ignore[union-attr]
+        except (AttributeError, ValueError, OSError):
+            columns = 0
+    return columns or 80
+
+
+def _add_scan(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
     scan = sub.add_parser(
-        "scan", parents=[debug], help="scan files, folders, globs, URLs or hf:// repositories",
+        "scan", parents=parents, help="scan files, folders, globs, URLs or hf:// repositories",
         description="Judge checkpoints without executing them. Folders are searched recursively "
                     "and files chosen by content (never by extension).",
-        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=f"{HELP}\n\n{SCAN_EXAMPLES}")
+        formatter_class=_RawFormatter, epilog=f"{HELP}\n\n{SCAN_EXAMPLES}")
     scan.add_argument("target", nargs="+",
                       help="file, folder, quoted glob, http(s) URL, or hf://[datasets/]owner/name[@rev][/path]")
     scan.add_argument("--format", choices=("text", "json", "jsonl", "sarif"), default="text",
@@ -242,7 +267,10 @@ def build_parser() -> argparse.ArgumentParser:
                       help="extra HTTP header for URL targets (e.g. Authorization)")
     scan.set_defaults(func=_cmd_scan)
 
-    get = sub.add_parser("get", parents=[debug], help="read one tensor into a .npy file (local path or URL)")
+
+def _add_get(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
+    get = sub.add_parser("get", parents=parents,
+                         help="read one tensor into a .npy file (local path or URL)")
     get.add_argument("target", help="local path or http(s) URL")
     get.add_argument("tensor", help="tensor name as in the report (e.g. layer.0.weight)")
     get.add_argument("-o", "--output", required=True, help="output .npy path")
@@ -250,10 +278,16 @@ def build_parser() -> argparse.ArgumentParser:
                      help="extra HTTP header for URL targets (e.g. Authorization)")
     get.set_defaults(func=_cmd_get)
 
-    codes = sub.add_parser("codes", parents=[debug], help="print the table of finding codes (markdown)")
+
+def _add_codes(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
+    codes = sub.add_parser("codes", parents=parents,
+                           help="print the table of finding codes (markdown)")
     codes.set_defaults(func=_cmd_codes)
 
-    serve = sub.add_parser("serve", parents=[debug], help="start the HTTP service",
+
+def _add_serve(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
+    serve = sub.add_parser("serve", parents=parents,
+                           help="start the HTTP service",
                            description="Start the HTTP service. Everything else is configured by "
                                        "CKPTGUARD_* environment variables (README, Configuration).")
     serve.add_argument("--host", default=None,
@@ -265,14 +299,42 @@ def build_parser() -> argparse.ArgumentParser:
                             "scans go to `ckptguard worker` processes (uploads are still scanned here)")
     serve.set_defaults(func=_cmd_serve)
 
+
+def _add_worker(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
     worker = sub.add_parser(
-        "worker", parents=[debug], help="run hub jobs and asynchronous URL scans (no HTTP)",
+        "worker", parents=parents,
+        help="run hub jobs and asynchronous URL scans (no HTTP)",
         description="Run the job tier's jobs with the sandboxed scan pool until SIGTERM, which "
                     "finishes the running jobs or hands them back. On PostgreSQL any number of "
                     "workers may run on any host that reaches the database and the hub (README, "
                     "Scaling out); on SQLite, on the host of the database file. Configured by "
                     "CKPTGUARD_* environment variables like `serve`.")
     worker.set_defaults(func=_cmd_worker)
+
+
+COMMANDS = {"scan": _add_scan, "get": _add_get, "codes": _add_codes, "serve": _add_serve,
+            "worker": _add_worker}
+
+
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The parser of every command, or only of the command `argv` runs: the others cannot
+    parse it, and building them was ~2 ms of a small file's whole-process scan. Without a
+    known command (`--help`, a typo) every command is there, to be listed."""
+    parser = _Parser(prog="ckptguard", description=__doc__.splitlines()[0],
+                     formatter_class=_RawFormatter, epilog=f"{HELP}\n\n{SCAN_EXAMPLES}")
+    parser.add_argument("--version", action="version", version=f"ckptguard {__version__}")
+    parser.add_argument("--debug", action="store_true", help="print the traceback of an internal error")
+    sub = parser.add_subparsers(dest="command", required=True)
+    # --debug after the subcommand too; SUPPRESS so the subcommand's default cannot undo
+    # a --debug given before it
+    debug = _Parser(add_help=False)
+    debug.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                       help="print the traceback of an internal error")
+    # the top level's options take no value: the first other word names the command
+    command = next((word for word in argv or () if not word.startswith("-")), None)
+    for name, add in COMMANDS.items():
+        if command not in COMMANDS or name == command:
+            add(sub, [debug])
     return parser
 
 
@@ -287,7 +349,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.environ.setdefault(name, value)
     args: argparse.Namespace | None = None
     try:
-        args = build_parser().parse_args(argv)
+        words = sys.argv[1:] if argv is None else argv
+        args = build_parser(words).parse_args(words)
         code: int = args.func(args)
     except UsageError as exc:
         print(f"{exc}\nTry 'ckptguard --help'.", file=sys.stderr)

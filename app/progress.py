@@ -8,9 +8,12 @@ target): a pipeline's logs and stdout never see it. tqdm is imported on first us
 from __future__ import annotations
 
 import sys
-from typing import Any
 
 from ckptguard.app.runner import ItemResult
+
+TYPE_CHECKING = False   # typing stays unimported at run time (core/typenames.py)
+if TYPE_CHECKING:
+    from typing import Any
 
 
 def wanted(*, quiet: bool, disabled: bool, items: int, remote: bool) -> bool:

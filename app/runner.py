@@ -14,11 +14,14 @@ import resource
 import signal
 import time
 from collections.abc import Callable
-from typing import Any
 
 from ckptguard.app.targets import ScanItem
 from ckptguard.core.errors import CkptError, Code
 from ckptguard.core.records import field, record
+
+TYPE_CHECKING = False   # typing stays unimported at run time (core/typenames.py)
+if TYPE_CHECKING:
+    from typing import Any
 
 DEFAULT_MEMORY_MB = 2048     # app/settings.py: worker_memory_mb
 DEFAULT_CPU_SECONDS = 120    # app/settings.py: worker_cpu_seconds

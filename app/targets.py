@@ -19,10 +19,13 @@ import fnmatch
 import os
 import re
 import stat
-from typing import Literal
 
 from ckptguard.core.errors import Code, SourceError
 from ckptguard.core.records import field, record
+
+TYPE_CHECKING = False   # typing stays unimported at run time (core/typenames.py)
+if TYPE_CHECKING:
+    from typing import Literal
 
 HF_SCHEME = "hf://"
 DEFAULT_HF_ENDPOINT = "https://huggingface.co"

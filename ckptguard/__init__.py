@@ -16,11 +16,13 @@ and the engine load only when a function that needs them is called.
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any
 
 from ckptguard.core import __version__
 
+TYPE_CHECKING = False   # typing stays unimported at run time (core/typenames.py)
 if TYPE_CHECKING:
+    from typing import Any
+
     from ckptguard.app.api import scan
     from ckptguard.core.errors import CkptError, Code, Severity, SourceError
     from ckptguard.core.limits import Limits
@@ -61,6 +63,10 @@ def __getattr__(name: str) -> Any:
     if module is None:
         raise AttributeError(f"module 'ckptguard' has no attribute {name!r}")
     value = getattr(importlib.import_module(module), name)
+    if name == "Verdict":   # a string in core (core/typenames.py); the public name is the type
+        from typing import Literal
+
+        value = eval(value, {"Literal": Literal})  # noqa: S307 - our own constant text
     globals()[name] = value
     return value
 

@@ -14,7 +14,10 @@ description used for the README table.
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Any
+
+TYPE_CHECKING = False   # typing stays unimported at run time (core/typenames.py)
+if TYPE_CHECKING:
+    from typing import Any
 
 
 class Severity(StrEnum):

@@ -17,21 +17,25 @@ from __future__ import annotations
 from collections.abc import Sequence
 from itertools import islice
 from operator import add, attrgetter, eq, ge
-from typing import Any, Literal, NamedTuple
 
 from ckptguard.core import records
 from ckptguard.core.errors import Code
 from ckptguard.core.records import record
 from ckptguard.core.report import Finding
+from ckptguard.core.typenames import NamedTuple
 
-RegionKind = Literal[
+TYPE_CHECKING = False   # typing stays unimported at run time (core/typenames.py)
+if TYPE_CHECKING:
+    from typing import Any, Literal, TypeAlias
+
+RegionKind: TypeAlias = """Literal[
     # what a reader expects
     "pickle", "tensor_data", "metadata", "record", "records", "header", "local_header",
     "data_descriptor", "central_directory", "end_records",
     # anomalies: bytes no reader accounts for, or that two entries claim
     "prepended", "appended", "unreferenced_data", "overlap", "unreferenced_record",
     "trailing_data",
-]
+]"""
 ANOMALOUS: frozenset[str] = frozenset({"prepended", "appended", "unreferenced_data", "overlap",
                                        "unreferenced_record", "trailing_data"})
 

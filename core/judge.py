@@ -12,8 +12,6 @@ inspected for a second pickle.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
 from ckptguard.core import records
 from ckptguard.core.errors import Code, Decline, LimitExceeded
 from ckptguard.core.pickle.result import VmResult
@@ -32,7 +30,10 @@ from ckptguard.core.torch.weights_only import (
 )
 from ckptguard.core.values import PersId
 
+TYPE_CHECKING = False   # typing stays unimported at run time (core/typenames.py)
 if TYPE_CHECKING:
+    from typing import Any
+
     from ckptguard.core.pickle.fast.stubs import FastResult
 
 

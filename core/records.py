@@ -12,8 +12,9 @@ Why not dataclasses: a CLI process imports ~40 data types to scan one file, and
 `@dataclass` generates and compiles five or six methods for each: ~1 ms a class on 3.13,
 plus 15 ms to import `dataclasses` itself (it imports `inspect`, `ast` and `dis`), a
 quarter of a small file's whole-process scan. Here only `__init__` is generated, because
-building records is hot in the interpreters; the other methods are closures over the field
-names, made without compiling anything. tests/core/test_records.py holds every record of the
+building records is hot in the interpreters, and only once a class has built a few
+records (`_DeferredInit`); the other methods are closures over the
+field names, made without compiling anything. tests/core/test_records.py holds every record of the
 package to what `@dataclass` makes of the same class.
 """
 
@@ -22,10 +23,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from operator import attrgetter
 from reprlib import recursive_repr
-from typing import Any, ClassVar, TypeVar, dataclass_transform, overload
 
-_T = TypeVar("_T")
-_C = TypeVar("_C", bound=type)
+TYPE_CHECKING = False   # typing stays unimported at run time (core/typenames.py)
+if TYPE_CHECKING:
+    from typing import Any, TypeVar, dataclass_transform, overload
+
+    _T = TypeVar("_T")
+    _C = TypeVar("_C", bound=type)
+else:
+    from ckptguard.core.typenames import dataclass_transform, overload
 
 
 class _Missing:
@@ -73,14 +79,16 @@ def field(*, default: Any = MISSING, default_factory: Callable[[], Any] = MISSIN
     return Field(default, default_factory, init, repr, compare)
 
 
+# (F811: ruff takes the run-time `overload` of core.typenames for another function)
 @overload
 def record(cls: _C, /) -> _C: ...
 @overload
-def record(*, frozen: bool = False, eq: bool = True, slots: bool = False) -> Callable[[_C], _C]: ...
+def record(*, frozen: bool = False, eq: bool = True, slots: bool = False) -> Callable[[_C], _C]: ...  # noqa: F811
 
 
 @dataclass_transform(field_specifiers=(field, Field))
-def record(cls: Any = None, /, *, frozen: bool = False, eq: bool = True, slots: bool = False) -> Any:
+def record(cls: Any = None, /, *, frozen: bool = False, eq: bool = True,  # noqa: F811
+           slots: bool = False) -> Any:
     """Make `cls` a record (see the module's docstring); the options are dataclass's."""
     def wrap(cls: type) -> type:
         return _make(cls, frozen=frozen, eq=eq, slots=slots)
@@ -168,7 +176,7 @@ def _make(cls: type, *, frozen: bool, eq: bool, slots: bool) -> type:
                                "__record_params__": {"frozen": frozen, "eq": eq, "slots": slots,
                                                      "defined": frozenset(defined)}}
     if "__init__" not in defined:
-        methods["__init__"] = _init(cls, all_fields, frozen)
+        methods["__init__"] = _DeferredInit(cls, all_fields, frozen)
     if "__repr__" not in defined:
         methods["__repr__"] = _repr(cls, [f.name for f in all_fields if f.repr])
     compared = [f.name for f in all_fields if f.compare]
@@ -203,6 +211,8 @@ def _own_fields(cls: type) -> list[Field]:
 def _is_classvar(annotation: Any) -> bool:
     if isinstance(annotation, str):   # `from __future__ import annotations`
         return annotation.startswith(("ClassVar", "typing.ClassVar"))
+    from typing import ClassVar  # a module that evaluates its annotations imported typing
+
     return annotation is ClassVar or getattr(annotation, "__origin__", None) is ClassVar
 
 
@@ -220,6 +230,62 @@ def _check_order(cls: type, all_fields: tuple[Field, ...]) -> None:
 
 
 _FACTORY = object()   # the argument was not given: call the field's factory
+
+
+class _DeferredInit:
+    """The constructor until it is compiled. A scan builds some records once (`Limits`, 58
+    fields, the options, the report) and others by the hundred thousand: compiling every
+    constructor at import was ~3 ms of a small file's whole-process scan. So the first
+    `_COMPILE_AFTER` records of a class are built by `_bind`, a loop over the fields; then the
+    constructor is compiled and put on the class in this object's place. Anything else that
+    looks it up (`inspect.signature`, a call `_bind` cannot bind: its error must be the
+    compiled one's) compiles it at once."""
+
+    __slots__ = ("calls", "cls", "fields", "frozen")
+
+    def __init__(self, cls: type, all_fields: tuple[Field, ...], frozen: bool) -> None:
+        self.cls, self.fields, self.frozen, self.calls = cls, all_fields, frozen, 0
+
+    def __get__(self, obj: Any, owner: type | None = None) -> Any:
+        if obj is not None and self.calls < _COMPILE_AFTER:
+            self.calls += 1
+            return lambda *args, **kwargs: self._bind(obj, args, kwargs)
+        init = self._compiled()
+        return init if obj is None else init.__get__(obj, owner)
+
+    def _compiled(self) -> Callable[..., None]:
+        init: Any = self.cls.__dict__["__init__"]
+        if init is self:   # (else another thread compiled it since the lookup)
+            init = _init(self.cls, self.fields, self.frozen)
+            type.__setattr__(self.cls, "__init__", init)
+        return init  # type: ignore[no-any-return]
+
+    def _bind(self, obj: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """What the compiled constructor does, for a call it accepts; any other goes to it."""
+        taken = [f.name for f in self.fields if f.init]
+        values = dict(zip(taken, args, strict=False))
+        if len(args) > len(taken) or any(name in values or name not in taken for name in kwargs):
+            return self._compiled()(obj, *args, **kwargs)
+        values.update(kwargs)
+        set_field = object.__setattr__ if self.frozen else setattr
+        for f in self.fields:
+            if f.init and f.name in values:
+                value = values[f.name]
+            elif f.default_factory is not MISSING:
+                value = f.default_factory()
+            elif f.default is not MISSING:
+                value = f.default
+            elif f.init:   # a required argument is missing
+                return self._compiled()(obj, *args, **kwargs)
+            else:
+                continue
+            set_field(obj, f.name, value)
+        if hasattr(self.cls, "__post_init__"):
+            obj.__post_init__()
+        return None
+
+
+_COMPILE_AFTER = 16
 
 
 def _init(cls: type, all_fields: tuple[Field, ...], frozen: bool) -> Callable[..., None]:

@@ -8,20 +8,24 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import Any, Literal, NamedTuple
 
 from ckptguard.core import records
 from ckptguard.core.errors import Code, Effect, Severity
 from ckptguard.core.records import field, record
+from ckptguard.core.typenames import NamedTuple
+
+TYPE_CHECKING = False   # typing stays unimported at run time (core/typenames.py)
+if TYPE_CHECKING:
+    from typing import Any, Literal, TypeAlias
 
 SCHEMA_VERSION = 1
 SCANNER_NAME = "ckptguard"
 POLICY = "torch-2.13-weights-only"
 
-Verdict = Literal["safe", "suspicious", "unsafe", "invalid"]
-FormatName = Literal["torch-zip", "torch-legacy", "torch-tar", "torchscript", "torch-export",
-                     "pickle", "numpy", "numpy-zip", "safetensors", "unknown"]
-GlobalStatus = Literal["allowed", "unknown", "dangerous", "benign"]
+Verdict: TypeAlias = 'Literal["safe", "suspicious", "unsafe", "invalid"]'
+FormatName: TypeAlias = ('Literal["torch-zip", "torch-legacy", "torch-tar", "torchscript", "torch-export", '
+                         '"pickle", "numpy", "numpy-zip", "safetensors", "unknown"]')
+GlobalStatus: TypeAlias = 'Literal["allowed", "unknown", "dangerous", "benign"]'
 
 
 @record(frozen=True, slots=True)

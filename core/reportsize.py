@@ -17,13 +17,16 @@ from collections.abc import Iterable, Sequence
 from itertools import chain
 from json.encoder import encode_basestring_ascii  # type: ignore[attr-defined]
 from operator import countOf, itemgetter
-from typing import Any
 
 from ckptguard.core import records
 from ckptguard.core.errors import Code
 from ckptguard.core.gcpause import collector_paused
 from ckptguard.core.limits import Limits
 from ckptguard.core.report import NAME_MARK, Finding, Report, StorageEntry, TensorEntry, json_len
+
+TYPE_CHECKING = False   # typing stays unimported at run time (core/typenames.py)
+if TYPE_CHECKING:
+    from typing import Any
 
 # JSON of a row whose strings are empty, lists empty, optional fields null, numbers 0: what
 # every row costs before its variable parts (field names, quotes, separators, "false")

@@ -16,7 +16,6 @@ from __future__ import annotations
 import errno
 import os
 import time
-from typing import TYPE_CHECKING
 
 from ckptguard.core import __version__
 from ckptguard.core.errors import CkptError, Code, LimitExceeded, SourceError
@@ -28,6 +27,7 @@ from ckptguard.core.reportsize import cap_report, report_budget
 from ckptguard.core.sniff import HEAD_BYTES, Sniffed, sniff
 from ckptguard.core.state import Analysis, ScanOptions
 
+TYPE_CHECKING = False   # typing stays unimported at run time (core/typenames.py)
 if TYPE_CHECKING:
     from ckptguard.core.zip.directory import ZipDirectory
 

@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import re
 import struct
-from typing import Literal
 
 from ckptguard.core.records import record
 
-Container = Literal["zip", "torch-legacy", "torch-tar", "pickle", "numpy", "safetensors",
-                    "empty", "unknown"]
+TYPE_CHECKING = False   # typing stays unimported at run time (core/typenames.py)
+if TYPE_CHECKING:
+    from typing import Literal, TypeAlias
+
+Container: TypeAlias = ('Literal["zip", "torch-legacy", "torch-tar", "pickle", "numpy", "safetensors", '
+                        '"empty", "unknown"]')
 
 ZIP_LOCAL_MAGIC = b"PK\x03\x04"
 ZIP_EOCD_MAGIC = b"PK\x05\x06"

@@ -8,8 +8,6 @@ frozen report lets every layer report what it saw even when a later layer fails.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Literal
-
 from ckptguard.core.errors import CkptError, Code, Severity
 from ckptguard.core.filemap import Region as MapRegion
 from ckptguard.core.filemap import ZipSpans
@@ -25,7 +23,10 @@ from ckptguard.core.report import (
     WeightsOnly,
 )
 
+TYPE_CHECKING = False   # typing stays unimported at run time (core/typenames.py)
 if TYPE_CHECKING:
+    from typing import Any, Literal, TypeAlias
+
     from ckptguard.core.regions.region import Region
 
 # Which engines may decide. Every engine gives the same report (tests/agreement proves it on
@@ -33,7 +34,7 @@ if TYPE_CHECKING:
 #   auto     the column-wise lane for plain torch.save zips, else the general path
 #   general  no lane: each pickle tries the C-speed fast path, then the exact interpreters
 #   exact    only the exact interpreters (the reference the other two must equal)
-Engine = Literal["auto", "general", "exact"]
+Engine: TypeAlias = 'Literal["auto", "general", "exact"]'
 
 
 @record(frozen=True, slots=True)

@@ -16,9 +16,12 @@ object that is a call result are recorded on the node, in order.
 from __future__ import annotations
 
 import reprlib
-from typing import Any
 
 from ckptguard.core.records import field, record
+
+TYPE_CHECKING = False   # typing stays unimported at run time (core/typenames.py)
+if TYPE_CHECKING:
+    from typing import Any
 
 
 @record(frozen=True, slots=True)

@@ -16,7 +16,6 @@ main pickle, key list, then per-block size and EOF checks, in torch's words.
 from __future__ import annotations
 
 import struct
-from typing import TYPE_CHECKING, Any
 
 from ckptguard.core import sniff
 from ckptguard.core.errors import Code, LimitExceeded
@@ -37,7 +36,10 @@ from ckptguard.core.torch.torch_error import TorchError
 from ckptguard.core.torch.weights_only import WeightsOnlyResult, emulate
 from ckptguard.core.values import Call, Global, PersId
 
+TYPE_CHECKING = False   # typing stays unimported at run time (core/typenames.py)
 if TYPE_CHECKING:
+    from typing import Any
+
     from ckptguard.core.manifest.build import StorageSite
 
 MAGIC_NUMBER = 0x1950A86A20F9469CFC6C

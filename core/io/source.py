@@ -16,11 +16,11 @@ import os
 from collections.abc import Callable, Sequence
 from itertools import compress, repeat
 from operator import add, lt, not_
-from typing import Protocol, runtime_checkable
 
 from ckptguard.core.errors import Code, SourceError
 from ckptguard.core.io.spancache import SpanCache
 from ckptguard.core.records import record
+from ckptguard.core.typenames import Protocol
 
 
 @record(slots=True)
@@ -31,7 +31,6 @@ class IoStats:
     requests: int = 0
 
 
-@runtime_checkable
 class ByteSource(Protocol):
     """Random access to an immutable byte string of known size."""
 

@@ -30,7 +30,6 @@ from collections.abc import Sequence
 from functools import cached_property, partial
 from itertools import repeat
 from operator import add, and_, floordiv, gt, is_, mul, not_
-from typing import Any, cast
 
 from ckptguard.core.errors import Code, Decline
 from ckptguard.core.filemap import ZipSpans
@@ -72,6 +71,10 @@ from ckptguard.core.zip.columns import (
     writer_data_offsets,
 )
 from ckptguard.core.zip.offsets import DESCRIPTOR_SIZE32
+
+TYPE_CHECKING = False   # typing stays unimported at run time (core/typenames.py)
+if TYPE_CHECKING:
+    from typing import Any
 
 _MAX_NUMEL = 1 << 32         # records here are < 4 GiB (no zip64): larger numels cannot match
 _SCALARS = frozenset((str, int, float, bool, type(None), bytes, complex, StubGlobal))
@@ -301,7 +304,7 @@ def _record_rows(keys: list[str], arc: PlainArchive) -> Sequence[int]:
     rows = list(map(arc.index.get, [prefix + k for k in keys]))
     if None in rows:   # missing, or only under another case (miniz would find it)
         raise Decline("a storage without a record of its exact name")
-    return cast("list[int]", rows)
+    return rows  # type: ignore[return-value]   # (no None in it: checked above)
 
 
 # NamedTuple rows built in C from zipped columns (no Python call per row)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import re
 from collections import OrderedDict
-from typing import Any
 
 from ckptguard.core.pickle.fast.containers import CheckedDict
 from ckptguard.core.pickle.fast.stubs import StubMeta
@@ -19,6 +18,10 @@ from ckptguard.core.torch.dtypes import (
     LAYOUTS,
 )
 from ckptguard.core.values import Buffer, Call, ExtRef, Global, PersId, Unhashable
+
+TYPE_CHECKING = False   # typing stays unimported at run time (core/typenames.py)
+if TYPE_CHECKING:
+    from typing import Any
 
 # ---- the rules ------------------------------------------------------------------------------
 #

@@ -13,11 +13,13 @@ A path is either a tuple of segments (the root `()`, or one already spelled out)
 
 from __future__ import annotations
 
-from typing import Any
+TYPE_CHECKING = False   # typing stays unimported at run time (core/typenames.py)
+if TYPE_CHECKING:
+    from typing import Any, TypeAlias
 
-Segments = tuple[Any, ...]   # str | int segments from the root
-Link = list[Any]             # [parent path, segment, depth]
-AnyPath = Segments | Link
+Segments: TypeAlias = "tuple[Any, ...]"   # str | int segments from the root
+Link: TypeAlias = "list[Any]"             # [parent path, segment, depth]
+AnyPath: TypeAlias = "Segments | Link"
 
 
 def depth(path: AnyPath) -> int:

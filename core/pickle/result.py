@@ -7,11 +7,13 @@ lives apart from the VM so that a fast path's result does not load the interpret
 
 from __future__ import annotations
 
-from typing import Any
-
 from ckptguard.core.errors import CkptError, Code
 from ckptguard.core.records import field, record
 from ckptguard.core.values import Call, PersId
+
+TYPE_CHECKING = False   # typing stays unimported at run time (core/typenames.py)
+if TYPE_CHECKING:
+    from typing import Any
 
 
 @record(frozen=True, slots=True)

@@ -32,7 +32,6 @@ import re
 import struct
 from collections.abc import Callable
 from functools import partial
-from typing import TYPE_CHECKING, Any
 
 from ckptguard.core.errors import CkptError, Code, FormatError, LimitExceeded
 from ckptguard.core.gcpause import collector_paused
@@ -53,7 +52,10 @@ from ckptguard.core.pickle.result import GlobalUse, VmResult
 from ckptguard.core.records import replace
 from ckptguard.core.values import Buffer, Call, ExtRef, Global, PersId, Unhashable
 
+TYPE_CHECKING = False   # typing stays unimported at run time (core/typenames.py)
 if TYPE_CHECKING:
+    from typing import Any
+
     from ckptguard.core.pickle.fold import FoldBudget
 
 __all__ = ["run_vm"]

@@ -5,11 +5,15 @@ format modules where they report its position, judged at the end of the scan
 
 from __future__ import annotations
 
-from typing import Literal, NamedTuple
+from ckptguard.core.typenames import NamedTuple
 
-RegionKind = Literal["prefix", "appended", "gap", "unreferenced record", "refused entry",
-                     "shadowed entry", "outside-prefix entry", "zip member", "npz member",
-                     "tar member", "local record"]
+TYPE_CHECKING = False   # typing stays unimported at run time (core/typenames.py)
+if TYPE_CHECKING:
+    from typing import Literal, TypeAlias
+
+RegionKind: TypeAlias = ('Literal["prefix", "appended", "gap", "unreferenced record", "refused entry", '
+                         '"shadowed entry", "outside-prefix entry", "zip member", "npz member", '
+                         '"tar member", "local record"]')
 
 
 class Region(NamedTuple):

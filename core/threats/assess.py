@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import unicodedata
 from functools import lru_cache
-from typing import Any, Literal
 
 from ckptguard.core.errors import Code, Severity
 from ckptguard.core.pickle.renames import python_map, torch_map
@@ -43,7 +42,11 @@ from ckptguard.core.torch.allowlist import ALLOWED_GLOBALS, BASELINE_USER_GLOBAL
 from ckptguard.core.torch.rules import BLOCKED_MODULES
 from ckptguard.core.values import Call, ExtRef, Global, PersId
 
-ThreatStatus = Literal["dangerous", "benign", "unknown"]
+TYPE_CHECKING = False   # typing stays unimported at run time (core/typenames.py)
+if TYPE_CHECKING:
+    from typing import Any, Literal, TypeAlias
+
+ThreatStatus: TypeAlias = 'Literal["dangerous", "benign", "unknown"]'
 
 _RANK = {"benign": 0, "unknown": 1, "dangerous": 2}
 # what a BUILD state may plant on an object (`__dict__` itself is what BUILD updates)

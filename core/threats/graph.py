@@ -7,10 +7,12 @@ bounded renderings of it for messages. Pure functions over core.values nodes.
 
 from __future__ import annotations
 
-from typing import Any
-
 from ckptguard.core.limits import DEFAULT_LIMITS
 from ckptguard.core.values import Call, Global, PersId
+
+TYPE_CHECKING = False   # typing stays unimported at run time (core/typenames.py)
+if TYPE_CHECKING:
+    from typing import Any
 
 _MAX_PATH_DEPTH = 16
 

@@ -30,7 +30,6 @@ import re
 import struct
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import Any
 
 from ckptguard.core.torch.allowlist import (
     CLASSES,
@@ -63,6 +62,10 @@ from ckptguard.core.torch.rules import (
 )
 from ckptguard.core.torch.tensor_build import TensorView, contiguous
 from ckptguard.core.values import Call, Global, PersId
+
+TYPE_CHECKING = False   # typing stays unimported at run time (core/typenames.py)
+if TYPE_CHECKING:
+    from typing import Any, TypeAlias
 
 # how `str(cls)` renders an allowlisted class that is not a builtin
 _CLASS_STR = {"builtins.bytearray": "bytearray", "builtins.set": "set", "builtins.complex": "complex"}
@@ -908,7 +911,7 @@ def _not_callable(kind: str) -> Callable[[Global, tuple[Any, ...], StorageOf, st
     return fail
 
 
-_Model = Callable[[Global, tuple[Any, ...], StorageOf, str, int], Call]
+_Model: TypeAlias = "Callable[[Global, tuple[Any, ...], StorageOf, str, int], Call]"
 _MODELS: dict[str, _Model] = {
     "torch._utils._rebuild_tensor": _rebuild_tensor,
     "torch._utils._rebuild_tensor_v2": _rebuild_tensor_v2,
@@ -970,7 +973,7 @@ def _callee_label(func: Global) -> str:
 # forever: ~100 M visits/s here.
 HASH_VISITS_MAX = 1 << 22
 
-HashMemo = dict[int, tuple[Any, int]]   # id(tuple) -> (the tuple, kept alive; its visits)
+HashMemo: TypeAlias = "dict[int, tuple[Any, int]]"   # id(tuple) -> (the tuple, kept alive; its visits)
 
 
 class HashBudget:

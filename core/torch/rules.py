@@ -20,13 +20,16 @@ from collections.abc import Callable, Sequence
 from itertools import accumulate, chain, compress, repeat
 from math import prod
 from operator import contains, mul, not_, sub
-from typing import Any
 
 from ckptguard.core.errors import Decline
 from ckptguard.core.pickle.fast.containers import CheckedDict, OrderedDictStub
 from ckptguard.core.records import record
 from ckptguard.core.torch.dtypes import FLOATING, ITEMSIZE, PACKED_PER_BYTE, UNTYPED_STORAGES, storage_dtype
 from ckptguard.core.values import Call, Global, PersId
+
+TYPE_CHECKING = False   # typing stays unimported at run time (core/typenames.py)
+if TYPE_CHECKING:
+    from typing import Any, TypeAlias
 
 # torch's weights-only unpickler refuses these modules before the allowlist (and so
 # whatever add_safe_globals says)
@@ -150,7 +153,7 @@ class StorageInfo:
 
 
 # how an interpreter resolves a value to the storage behind it (None: not a storage)
-StorageOf = Callable[[Any], StorageInfo | None]
+StorageOf: TypeAlias = "Callable[[Any], StorageInfo | None]"
 
 
 def is_int(v: Any) -> bool:

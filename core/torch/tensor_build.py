@@ -30,7 +30,6 @@ sizes and offsets `set_args`/`check_view` leave Unmodelled for every rebuild too
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 from ckptguard.core.records import record, replace
 from ckptguard.core.torch.dtypes import FLOATING, ITEMSIZE, PACKED_PER_BYTE
@@ -46,6 +45,10 @@ from ckptguard.core.torch.rules import (
     unmodelled,
 )
 from ckptguard.core.values import Call, PersId
+
+TYPE_CHECKING = False   # typing stays unimported at run time (core/typenames.py)
+if TYPE_CHECKING:
+    from typing import Any, TypeAlias
 
 
 @record(frozen=True, slots=True)
@@ -109,7 +112,7 @@ SCALAR_NAME = {
 }
 _ELEMENTS_MAX = 10_000   # a longer storage or tensor star-unpacked: we do not build the message
 
-TypeName = Callable[[Any], str | None]   # the interpreter's type_name (None: not modelled)
+TypeName: TypeAlias = "Callable[[Any], str | None]"   # the interpreter's type_name (None: not modelled)
 
 
 class _Items:

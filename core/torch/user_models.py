@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from typing import Any
 
 from ckptguard.core.torch.rules import StorageOf, is_int, unmodelled
 from ckptguard.core.values import Call, Global
+
+TYPE_CHECKING = False   # typing stays unimported at run time (core/typenames.py)
+if TYPE_CHECKING:
+    from typing import Any
 
 # -- user-allowlisted callables whose result type we know (numpy, collections, functools) --
 # numpy 2.x (the version next to torch 2.13 here): `type(np.dtype(spec))` for the spec strings

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import re
 import struct
-from typing import Any, Protocol
 
 from ckptguard.core.gcpause import collector_paused
 from ckptguard.core.limits import DEFAULT_LIMITS, Limits
@@ -65,7 +64,12 @@ from ckptguard.core.torch.user_models import (
     check_partial_state,
     user_model,
 )
+from ckptguard.core.typenames import Protocol
 from ckptguard.core.values import Call, Global, PersId, as_built, as_called, brief
+
+TYPE_CHECKING = False   # typing stays unimported at run time (core/typenames.py)
+if TYPE_CHECKING:
+    from typing import Any
 
 # torch's accepted opcodes (core.torch.rules) as bytes, from the one opcode table: here, not
 # in rules, which the fast lane imports without the opcode table

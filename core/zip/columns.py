@@ -33,7 +33,6 @@ from bisect import bisect_left
 from collections.abc import Sequence
 from itertools import accumulate, chain, compress, repeat
 from operator import add, gt, itemgetter, sub
-from typing import TypeVar
 
 from ckptguard.core.errors import CkptError, Decline
 from ckptguard.core.io.source import COALESCE_MAX, ByteSource
@@ -57,6 +56,10 @@ from ckptguard.core.zip.layout import (
 )
 from ckptguard.core.zip.offsets import DESCRIPTOR_SIZE32, FB_HEADER_SIZE
 
+TYPE_CHECKING = False   # typing stays unimported at run time (core/typenames.py)
+if TYPE_CHECKING:
+    from typing import TypeVar
+
 FLAGS_ALLOWED = FLAG_DESCRIPTOR | FLAG_UTF8   # what torch's writer sets
 
 # no proper prefix of a signature is also its suffix: two hits never overlap
@@ -65,7 +68,8 @@ _LOCAL_SIGNATURE = LOCAL_SIG.to_bytes(4, "little")
 _NAME_AT = CENTRAL_SIZE - len(_CENTRAL_SIGNATURE)   # a record's name, after its signature
 
 
-T = TypeVar("T")
+if TYPE_CHECKING:
+    T = TypeVar("T")
 
 
 def pick(column: list[T], rows: Sequence[int]) -> list[T]:

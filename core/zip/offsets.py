@@ -11,13 +11,13 @@ then compared with the zip headers, as torch does under TORCH_SERIALIZATION_DEBU
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
 
 from ckptguard.core.errors import Code, FormatError
 from ckptguard.core.records import record
 from ckptguard.core.state import Analysis
 from ckptguard.core.zip.layout import LOCAL_SIZE, U32_MAX
 
+TYPE_CHECKING = False   # typing stays unimported at run time (core/typenames.py)
 if TYPE_CHECKING:   # the fast lane's reader uses this module without the directory parser
     from ckptguard.core.zip.directory import LocalHeader, ZipDirectory
 

@@ -56,7 +56,7 @@ def test_engines_agree_on_pickles_the_fast_paths_refuse(case: str, container: st
 
 
 def test_engine_names_are_the_options_values() -> None:
-    from typing import get_args
+    from typing import Literal, get_args
 
-    from ckptguard.core.state import Engine
-    assert set(get_args(Engine)) == set(ENGINES)
+    from ckptguard.core.state import Engine  # a string at run time (core/typenames.py)
+    assert set(get_args(eval(Engine, {"Literal": Literal}))) == set(ENGINES)

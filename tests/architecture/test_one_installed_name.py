@@ -123,3 +123,16 @@ def test_the_public_api_examples_run() -> None:
     for module in (ckptguard, ckptguard.core.scan):
         result = doctest.testmod(module)
         assert result.attempted and not result.failed, module.__name__
+
+
+def test_the_public_verdict_is_a_type() -> None:
+    """core keeps its type aliases as strings (core/typenames.py): `ckptguard.Verdict` is the
+    Literal type all the same, with the verdicts the reports give."""
+    import typing
+
+    import ckptguard
+    from ckptguard.core.report import decide_verdict
+
+    assert typing.get_origin(ckptguard.Verdict) is typing.Literal
+    assert typing.get_args(ckptguard.Verdict) == ("safe", "suspicious", "unsafe", "invalid")
+    assert decide_verdict([], False) in typing.get_args(ckptguard.Verdict)

@@ -229,3 +229,68 @@ def test_post_init_runs_after_the_fields_are_set() -> None:
 
     _Checked(7)
     assert seen == [7]
+
+
+# -- the first records of a class are bound without compiling its constructor -----------------
+
+
+def _shapes(frozen: bool, slots: bool) -> tuple[type, type]:
+    """Two fresh record classes of one shape (required, default, factory and init=False
+    fields, a base's fields, `__post_init__`): the constructor of neither is compiled yet."""
+    def make() -> type:
+        @record(frozen=frozen, slots=slots)
+        class _Base:
+            a: int
+            b: int = 1
+
+        @record(frozen=frozen, slots=slots)
+        class _Shape(_Base):
+            c: list[int] = field(default_factory=list)
+            d: int = field(default=5, init=False)
+            e: dict[str, int] = field(default_factory=dict, init=False)
+            f: str = "f"
+
+            def __post_init__(self) -> None:   # runs once every field is set
+                object.__setattr__(self, "f", f"{self.f}:{self.a}:{self.d}:{len(self.e)}")
+        return _Shape
+    return make(), make()
+
+
+_NAMES = st.sampled_from(["a", "b", "c", "d", "e", "f", "g"])
+_VALUES = st.one_of(st.integers(-3, 3), st.lists(st.integers(0, 2), max_size=2), st.text(max_size=2))
+
+
+def _outcome(cls: type, args: list[Any], kwargs: dict[str, Any]) -> Any:
+    try:
+        made = cls(*args, **kwargs)
+    except TypeError as exc:
+        return ("TypeError", str(exc).replace(cls.__qualname__, "<cls>"))
+    return [(f.name, getattr(made, f.name)) for f in records.fields(made)]
+
+
+@given(st.booleans(), st.booleans(), st.lists(_VALUES, max_size=6),
+       st.dictionaries(_NAMES, _VALUES, max_size=4))
+@settings(max_examples=300, deadline=None)
+def test_bound_records_equal_compiled_ones(frozen: bool, slots: bool, args: list[Any],
+                                            kwargs: dict[str, Any]) -> None:
+    bound, compiled = _shapes(frozen, slots)
+    inspect.signature(compiled)   # looking the constructor up compiles it
+    assert inspect.isfunction(compiled.__dict__["__init__"])
+    assert not inspect.isfunction(bound.__dict__["__init__"])
+    assert _outcome(bound, args, kwargs) == _outcome(compiled, args, kwargs)
+    made = bound(1)   # a factory's product is never shared
+    assert made.c is not bound(1).c and made.e is not bound(1).e
+
+
+def test_a_class_compiles_its_constructor_after_a_few_records() -> None:
+    cls, _ = _shapes(frozen=True, slots=True)
+    made = [cls(i) for i in range(records._COMPILE_AFTER)]
+    assert not inspect.isfunction(cls.__dict__["__init__"])
+    made.append(cls(99))
+    assert inspect.isfunction(cls.__dict__["__init__"])
+    assert [m.a for m in made] == [*range(records._COMPILE_AFTER), 99]
+
+    class _Plain(_shapes(frozen=False, slots=False)[0]):   # type: ignore[misc]
+        """A subclass that is no record: its records are bound by the base's constructor."""
+    assert _Plain(3, f="x").f == "x:3:5:0" and records.fields(_Plain(3))[0].name == "a"
+    assert list(inspect.signature(_Plain).parameters) == ["a", "b", "c", "f"]

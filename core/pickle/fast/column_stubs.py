@@ -29,13 +29,16 @@ so this path can only be faster, never different.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 from ckptguard.core.errors import Decline
 from ckptguard.core.limits import DEFAULT_LIMITS, Limits
 from ckptguard.core.pickle.fast.containers import BuildLedger, CheckedDict
 from ckptguard.core.pickle.fast.tokenize import StubUnpickler, Tokens, tokenize
 from ckptguard.core.records import record
+
+TYPE_CHECKING = False   # typing stays unimported at run time (core/typenames.py)
+if TYPE_CHECKING:
+    from typing import Any
 
 
 class StubGlobal(tuple[str, str]):

@@ -10,12 +10,15 @@ recognise them (core.torch.rules) import them without the fast paths' start-up c
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any
 
 from ckptguard.core.errors import Decline
 
+TYPE_CHECKING = False   # typing stays unimported at run time (core/typenames.py)
+if TYPE_CHECKING:
+    from typing import Any
 
-class CheckedList(list[Any]):
+
+class CheckedList(list["Any"]):
     """EMPTY_LIST: a list that, like torch's unpickler, refuses SETITEM."""
 
     __slots__ = ()
@@ -36,7 +39,7 @@ def check_key(key: Any) -> None:
         raise Decline(f"a {type(key).__name__} dict key")
 
 
-class CheckedDict(dict[Any, Any]):
+class CheckedDict(dict["Any", "Any"]):
     """EMPTY_DICT: a dict that takes only plain keys (`check_key`). Each key costs one
     Python call (the C unpickler calls `__setitem__` of a dict subclass)."""
 
@@ -72,7 +75,7 @@ class BuildLedger:
             raise Decline("BUILD on OrderedDict with a dunder or non-str key")
 
 
-class OrderedDictStub(OrderedDict[Any, Any]):
+class OrderedDictStub(OrderedDict["Any", "Any"]):
     """`OrderedDict()` at C speed; BUILD updates `__dict__` with a dict, as torch does.
     Subclassed per load: `builds` is that load's count of judged BUILDs."""
 

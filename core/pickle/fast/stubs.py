@@ -24,7 +24,6 @@ exact path would also load, and gives the same globals, storages and graph shape
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 from ckptguard.core.errors import Decline
 from ckptguard.core.limits import DEFAULT_LIMITS, Limits
@@ -32,6 +31,10 @@ from ckptguard.core.pickle.fast.containers import BuildLedger, OrderedDictStub
 from ckptguard.core.pickle.fast.tokenize import StubUnpickler, Tokens, tokenize
 from ckptguard.core.records import record
 from ckptguard.core.values import Call, Global, PersId
+
+TYPE_CHECKING = False   # typing stays unimported at run time (core/typenames.py)
+if TYPE_CHECKING:
+    from typing import Any
 
 __all__ = ["FastResult", "OrderedDictStub", "Tokens", "fast_load", "tokenize"]
 

@@ -26,7 +26,6 @@ import pickle
 import re
 import struct
 from collections.abc import Callable, Sequence
-from typing import Any
 
 from ckptguard.core.errors import Decline
 from ckptguard.core.gcpause import collector_paused
@@ -35,6 +34,10 @@ from ckptguard.core.pickle.fast.containers import BuildLedger, CheckedDict, Chec
 from ckptguard.core.pickle.renames import last_dot_split, python_map, torch_map
 from ckptguard.core.pickle.result import GlobalUse
 from ckptguard.core.records import field, record
+
+TYPE_CHECKING = False   # typing stays unimported at run time (core/typenames.py)
+if TYPE_CHECKING:
+    from typing import Any
 
 # The C unpickler keeps its memo in an array that grows to twice the largest index put (16
 # bytes per index): a LONG_BINPUT at a large index in a short pickle costs memory the pickle

@@ -1,6 +1,6 @@
 """Cold start (issue 14): a scan imports what the file needs. A whole-process scan of a small
 pickle loads no module a pickle does not need (numpy, the zip layers, HTTP, the export judge,
-hashlib's OpenSSL start-up); a clean torch.save zip, judged by the fast lane, loads none of
+hashlib's OpenSSL start-up, typing); a clean torch.save zip, judged by the fast lane, loads none of
 the general path's (the emulator, the VM, the manifest builder, the zip forensics) and not
 numpy; and import-time tables are not built from pickletools."""
 
@@ -33,7 +33,10 @@ _NOT_FOR_A_PICKLE = ("numpy", "hashlib", "pickletools", "httpx", "ckptguard.core
                      # records are not dataclasses (core/records.py): dataclasses loads these
                      "dataclasses", "inspect", "ast", "dis",
                      # the worker pool's logging, an internal error's traceback
-                     "logging", "traceback")
+                     "logging", "traceback",
+                     # typing (~1.6 ms: names for the type checker only, core/typenames.py);
+                     # shutil (bz2, lzma: argparse's terminal width, app/cli.py)
+                     "typing", "shutil")
 ROOT = Path(__file__).resolve().parents[3]
 
 
@@ -64,7 +67,7 @@ _NOT_FOR_A_CLEAN_TORCH_ZIP = ("ckptguard.core.formats", "ckptguard.core.judge",
                               "ckptguard.core.manifest.build", "ckptguard.core.zip.directory",
                               "ckptguard.core.pickle.opcodes",
                               "ckptguard.core.zip.checks", "ckptguard.core.regions.judge",
-                              "dataclasses", "inspect", "logging", "traceback")
+                              "dataclasses", "inspect", "logging", "traceback", "typing", "shutil")
 _SCAN_IN_A_FRESH_PROCESS = {
     "scan_path": ("from ckptguard.core.scan import scan_path\n"
                   "report = scan_path({path!r})\n"
