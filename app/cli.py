@@ -312,6 +312,16 @@ def _add_worker(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
     worker.set_defaults(func=_cmd_worker)
 
 
+def _command(argv: Sequence[str]) -> str | None:
+    """The command `argv` runs, if only the top level's `--debug` or `--version` (which take
+    no value) come before it; None if anything else does (`-h`, `--he`, `--`, a typo), as
+    the top level then answers with every command."""
+    for word in argv:
+        if word not in ("--debug", "--version"):
+            return word if word in COMMANDS else None
+    return None
+
+
 COMMANDS = {"scan": _add_scan, "get": _add_get, "codes": _add_codes, "serve": _add_serve,
             "worker": _add_worker}
 
@@ -320,6 +330,7 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     """The parser of every command, or only of the command `argv` runs: the others cannot
     parse it, and building them was ~2 ms of a small file's whole-process scan. Without a
     known command (`--help`, a typo) every command is there, to be listed."""
+    command = _command(argv or ())
     parser = _Parser(prog="ckptguard", description=__doc__.splitlines()[0],
                      formatter_class=_RawFormatter, epilog=f"{HELP}\n\n{SCAN_EXAMPLES}")
     parser.add_argument("--version", action="version", version=f"ckptguard {__version__}")
@@ -330,8 +341,6 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     debug = _Parser(add_help=False)
     debug.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                        help="print the traceback of an internal error")
-    # the top level's options take no value: the first other word names the command
-    command = next((word for word in argv or () if not word.startswith("-")), None)
     for name, add in COMMANDS.items():
         if command not in COMMANDS or name == command:
             add(sub, [debug])

@@ -79,7 +79,8 @@ def field(*, default: Any = MISSING, default_factory: Callable[[], Any] = MISSIN
     return Field(default, default_factory, init, repr, compare)
 
 
-# (F811: ruff takes the run-time `overload` of core.typenames for another function)
+# (noqa F811: ruff knows typing's `overload`, not the run-time one of core.typenames, so it
+# takes the overloads below for redefinitions)
 @overload
 def record(cls: _C, /) -> _C: ...
 @overload
@@ -211,7 +212,7 @@ def _own_fields(cls: type) -> list[Field]:
 def _is_classvar(annotation: Any) -> bool:
     if isinstance(annotation, str):   # `from __future__ import annotations`
         return annotation.startswith(("ClassVar", "typing.ClassVar"))
-    from typing import ClassVar  # a module that evaluates its annotations imported typing
+    from typing import ClassVar  # (only for a module without `from __future__ import annotations`)
 
     return annotation is ClassVar or getattr(annotation, "__origin__", None) is ClassVar
 
@@ -267,6 +268,9 @@ class _DeferredInit:
         if len(args) > len(taken) or any(name in values or name not in taken for name in kwargs):
             return self._compiled()(obj, *args, **kwargs)
         values.update(kwargs)
+        if any(f.init and f.name not in values and f.default is MISSING
+               and f.default_factory is MISSING for f in self.fields):
+            return self._compiled()(obj, *args, **kwargs)   # (before any factory runs)
         set_field = object.__setattr__ if self.frozen else setattr
         for f in self.fields:
             if f.init and f.name in values:
@@ -275,8 +279,6 @@ class _DeferredInit:
                 value = f.default_factory()
             elif f.default is not MISSING:
                 value = f.default
-            elif f.init:   # a required argument is missing
-                return self._compiled()(obj, *args, **kwargs)
             else:
                 continue
             set_field(obj, f.name, value)
@@ -314,11 +316,13 @@ def _init(cls: type, all_fields: tuple[Field, ...], frozen: bool) -> Callable[..
             value = f"__record_default_{f.name}__"
         else:
             continue
-        body.append(f"__record_setattr__(self, {f.name!r}, {value})" if frozen
-                    else f"self.{f.name} = {value}")
+        body.append(f"__record_setattr__(__record_self__, {f.name!r}, {value})" if frozen
+                    else f"__record_self__.{f.name} = {value}")
     if hasattr(cls, "__post_init__"):
-        body.append("self.__post_init__()")
-    source = f"def __init__(self, {', '.join(params)}):\n " + "\n ".join(body or ["pass"])
+        body.append("__record_self__.__post_init__()")
+    # (not `self`: a field may be named so, as with dataclasses)
+    source = (f"def __init__(__record_self__, {', '.join(params)}):\n "
+              + "\n ".join(body or ["pass"]))
     exec(source, names)   # noqa: S102 - our own field names, checked identifiers
     init: Callable[..., None] = names["__init__"]
     init.__qualname__ = f"{cls.__qualname__}.__init__"

@@ -15,6 +15,9 @@ run time and typing's own to the type checker; `Protocol`, a plain base class at
 (nothing checks a protocol then); `overload` and `dataclass_transform`, which only tell the
 type checker something. tests/core/scan/test_cold_start.py fails if a small scan imports
 typing again; tests/core/test_typenames.py holds `NamedTuple` to typing's.
+
+The price: `typing.get_type_hints` on a ckptguard class finds no `Any` or `Literal` in its
+module. `type_hints` below is get_type_hints with those names given.
 """
 
 from __future__ import annotations
@@ -31,7 +34,9 @@ else:
     class _NamedTupleMeta(type):
         """What `class Point(NamedTuple): x: int; y: int = 0` makes under typing: the
         namedtuple of the annotated fields (a field with a value is a default), with the
-        class body's methods, docstring and annotations."""
+        class body's methods, docstring and annotations. typing's checks of the body (no
+        default before a required field, no `_fields` or `__new__` of its own, no other
+        base) are left to mypy, which makes the same ones."""
 
         def __new__(cls, typename: str, bases: tuple[type, ...], namespace: dict[str, object]):
             annotations = namespace.get("__annotations__", {})
@@ -56,4 +61,13 @@ else:
         return function
 
     def dataclass_transform(**kwargs):
-        return overload
+        return lambda decorator: decorator
+
+
+def type_hints(obj: object) -> dict[str, object]:
+    """`typing.get_type_hints(obj)` for a ckptguard class or function, whose module holds no
+    typing names at run time: the ones its annotations use are given here."""
+    import typing
+
+    names = {name: getattr(typing, name) for name in ("Any", "IO", "Literal", "NoReturn")}
+    return typing.get_type_hints(obj, localns=names)

@@ -294,3 +294,34 @@ def test_a_class_compiles_its_constructor_after_a_few_records() -> None:
         """A subclass that is no record: its records are bound by the base's constructor."""
     assert _Plain(3, f="x").f == "x:3:5:0" and records.fields(_Plain(3))[0].name == "a"
     assert list(inspect.signature(_Plain).parameters) == ["a", "b", "c", "f"]
+
+
+def test_a_call_that_cannot_bind_runs_no_factory_and_self_is_a_field_name() -> None:
+    made: list[int] = []
+
+    def factory() -> list[int]:
+        made.append(1)
+        return []
+
+    @record
+    class _Late:
+        cache: list[int] = field(default_factory=factory, init=False)
+        self: int = field(default=0)   # a field may be named `self`, as with dataclasses
+        value: int = field(default=1)
+
+    with pytest.raises(TypeError, match="unexpected keyword argument 'other'"):
+        _Late(other=1)  # type: ignore[call-arg]
+    assert made == []   # refused before the factory ran
+    assert [(m.self, m.value) for m in (_Late(5), _Late(self=6, value=7))] == [(5, 1), (6, 7)]
+    inspect.signature(_Late)   # compiled: the same
+    assert (_Late(8).self, len(made)) == (8, 3)
+
+    @record
+    class _Required:
+        cache: list[int] = field(default_factory=factory, init=False)
+        value: int = field()
+
+    made.clear()
+    with pytest.raises(TypeError, match="missing 1 required positional argument: 'value'"):
+        _Required()  # type: ignore[call-arg]
+    assert made == []
