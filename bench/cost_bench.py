@@ -165,7 +165,7 @@ def report_size() -> None:
              hn.memoized_module_globals(3_000, "m" * 10_000))):
         cases.append((label, *built))
     print("\n### report size on hostile cases (issue's bound: 8 x pickle + 2 KiB per tensor; "
-          "cap: 64 KiB + 8 x bytes read + 2 KiB per tensor, <= 256 MiB)\n")
+          "cap: 8 x bytes read + 2 KiB per tensor, at least 64 KiB, <= 256 MiB)\n")
     _row("case", "pickle bytes", "tensors", "report bytes", "report / issue bound",
          "report / cap", "verdict", "cut")
     _row("---", "---", "---", "---", "---", "---", "---", "---")

@@ -1,3 +1,3 @@
 """ckptguard core: judge model checkpoints without executing them (a plain library)."""
 
-__version__ = "0.3.5"
+__version__ = "0.3.6"

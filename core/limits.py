@@ -23,10 +23,10 @@ class Limits:
     # one tensor's name (and path): longer ones keep a prefix + "...#sha256:" + the digest of
     # the whole name (LIMIT_NAME), so names under a deep memoized key stay small
     max_name_chars: int = 512
-    # The report's JSON (`json.dumps(report.to_json())`) may take the floor, plus so much per
-    # byte the scan read (the metadata: pickles, directories, headers) and per tensor, never
-    # more than max_report_bytes; past it the lists are cut with counts (LIMIT_REPORT,
-    # suspicious at best). Issue 14's target: 8 x pickle bytes + 2 KiB per tensor.
+    # The report's JSON (`json.dumps(report.to_json())`) may take so much per byte the scan
+    # read (the metadata: pickles, directories, headers) and per tensor, or the floor if that
+    # is more, never more than max_report_bytes; past it the lists are cut with counts
+    # (LIMIT_REPORT, suspicious at best). Issue 14's target: 8 x pickle bytes + 2 KiB per tensor.
     max_report_bytes: int = 256 * 1024 * 1024
     report_floor_bytes: int = 64 * 1024
     report_bytes_per_byte_read: int = 8

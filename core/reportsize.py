@@ -39,11 +39,13 @@ _RESERVE = 4096   # the LIMIT_REPORT finding itself, with its counts
 
 
 def report_budget(limits: Limits, bytes_read: int, tensors: int) -> int:
-    """JSON bytes a report may take: a floor, plus a share per byte of metadata read and
-    per tensor, never past `Limits.max_report_bytes`."""
+    """JSON bytes a report may take: a share per byte of metadata read and per tensor, or
+    the floor if that is more (a small file's report has a fixed part), never past
+    `Limits.max_report_bytes`."""
     return min(limits.max_report_bytes,
-               limits.report_floor_bytes + limits.report_bytes_per_byte_read * bytes_read
-               + limits.report_bytes_per_tensor * tensors)
+               max(limits.report_floor_bytes,
+                   limits.report_bytes_per_byte_read * bytes_read
+                   + limits.report_bytes_per_tensor * tensors))
 
 
 def _text(strings: Iterable[str | None]) -> int:
