@@ -94,6 +94,13 @@ class Code(StrEnum):
                             "a record is compressed: offsets cannot be computed for it")
     ZIP_UNSUPPORTED_METHOD = "ZIP_UNSUPPORTED_METHOD", _M, _S, "unsupported compression method"
     ZIP_ENCRYPTED_ENTRY = "ZIP_ENCRYPTED_ENTRY", _H, _S, "a record is encrypted"
+    ZIP_PATCHED_ENTRY = ("ZIP_PATCHED_ENTRY", _H, _S,
+                         "a record is flagged as compressed patched data (bit 5), which torch's "
+                         "zip reader refuses ('unsupported feature')")
+    ZIP_DIRECTORY_WITH_DATA = ("ZIP_DIRECTORY_WITH_DATA", _H, _U,
+                               "an entry with bytes is a directory to torch's zip reader (its "
+                               "name ends with / or its DOS directory attribute is set): torch "
+                               "reads uninitialized memory where other readers read the bytes")
     ZIP_NAME_OUTSIDE_PREFIX = ("ZIP_NAME_OUTSIDE_PREFIX", _M, _S,
                                "an entry lies outside the archive's prefix directory")
     ZIP_BAD_NAME = "ZIP_BAD_NAME", _M, _S, "an entry name is absolute, has .. or is not UTF-8"
@@ -267,6 +274,10 @@ UNSAFE_EVIDENCE: dict[Code, str] = {
     "reads the central directory's bytes, like torch)",
     Code.ZIP_OVERLAPPING_ENTRIES: "central-directory readers (torch, zipfile) and streaming readers "
     "that walk local headers one after another see different entries in the shared bytes",
+    Code.ZIP_DIRECTORY_WITH_DATA: "torch (miniz: a name ending in / or the DOS directory attribute "
+    "makes an entry a directory, whose extract writes nothing) reads an uninitialized buffer of the "
+    "entry's size, its values changing from run to run, where Python's zipfile.read returns the "
+    "entry's bytes",
     Code.PICKLE_DANGEROUS_GLOBAL: "torch.load(weights_only=False) and pickle.load import and run it; "
     "the weights-only unpickler refuses it",
     Code.PICKLE_DANGEROUS_CALL: "torch.load(weights_only=False) and pickle.load make this call; the "

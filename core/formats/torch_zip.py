@@ -46,7 +46,15 @@ from ckptguard.core.zip.directory import (
     read_local_headers,
     read_record,
 )
-from ckptguard.core.zip.layout import ENCRYPTION_FLAGS, EOCD_SIZE, FLAG_MASKED_HEADER
+from ckptguard.core.zip.layout import (
+    ENCRYPTION_FLAGS,
+    EOCD_SIZE,
+    FLAG_ENCRYPTED,
+    FLAG_MASKED_HEADER,
+    FLAG_PATCHED,
+    FLAG_STRONG_ENCRYPTION,
+    miniz_directory,
+)
 from ckptguard.core.zip.offsets import chain_storage_offsets, verify_chain, written_by_torch
 
 _MINIZ_HINT = (". This is an internal miniz error. If you are seeing this error, there is a high "
@@ -305,12 +313,18 @@ def record_error(directory: ZipDirectory, prefix: str, record: str,
     ent = directory.find(f"{prefix}/{record}")
     if ent is None:
         return missing_record_error(record)
-    if ent.flags & 0x41:
-        return _miniz_error(f"failed retrieving file meta-data for {record}", "unsupported encryption")
+    # mz_zip_reader_file_stat -> mz_zip_reader_is_file_supported, in its order
     if ent.method not in (0, 8):
         return _miniz_error(f"failed retrieving file meta-data for {record}", "unsupported method")
+    if ent.flags & (FLAG_ENCRYPTED | FLAG_STRONG_ENCRYPTION):
+        return _miniz_error(f"failed retrieving file meta-data for {record}", "unsupported encryption")
+    if ent.flags & FLAG_PATCHED:
+        return _miniz_error(f"failed retrieving file meta-data for {record}", "unsupported feature")
     if ent.index in unreadable:
         return _miniz_error(f"failed reading file {record}", "invalid header or archive is corrupted")
+    if ent.uncompressed_size and miniz_directory(ent.name_bytes, ent.external_attr):
+        return TorchError("Unmodelled", f"not modelled: torch reads {record} as uninitialized "
+                          "memory (a directory to its zip reader)")
     return None
 
 

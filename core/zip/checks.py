@@ -47,11 +47,13 @@ from ckptguard.core.zip.directory import (
 from ckptguard.core.zip.layout import (
     ENCRYPTION_FLAGS,
     FLAG_DESCRIPTOR,
+    FLAG_PATCHED,
     FLAG_UTF8,
     LOCAL_SIZE,
     U32_MAX,
     ZIP64_EOCD_SIZE,
     ZIP64_LOCATOR_SIZE,
+    miniz_directory,
 )
 from ckptguard.core.zip.offsets import descriptor_size
 from ckptguard.core.zip.spans import zip_spans_of
@@ -201,6 +203,16 @@ def _check_entries(directory: ZipDirectory, locals_: Mapping[int, LocalHeader], 
             out.add(Code.ZIP_ENCRYPTED_ENTRY,
                     f"{e.name} is encrypted (flags {e.flags:#06x}): torch fails with "
                     "'unsupported encryption'", record=e.name, offset=e.header_offset)
+        if e.flags & FLAG_PATCHED:
+            refused = True
+            out.add(Code.ZIP_PATCHED_ENTRY,
+                    f"{e.name} is flagged as compressed patched data (flags {e.flags:#06x}): "
+                    "torch fails with 'unsupported feature'", record=e.name, offset=e.header_offset)
+        if e.uncompressed_size and miniz_directory(e.name_bytes, e.external_attr):
+            out.add(Code.ZIP_DIRECTORY_WITH_DATA,
+                    f"{e.name} holds {e.uncompressed_size} bytes but is a directory to torch's "
+                    f"zip reader (external attributes {e.external_attr:#x}): torch reads "
+                    "uninitialized memory in their place", record=e.name, offset=e.header_offset)
         if e.method == 8:
             out.add(Code.ZIP_COMPRESSED_ENTRY,
                     f"{e.name} is deflated ({e.compressed_size} -> {e.uncompressed_size} bytes)",

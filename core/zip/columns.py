@@ -218,8 +218,8 @@ _FLAG_BYTES = [bytes(v for v in range(256) if not v & ~(FLAGS_ALLOWED >> 8 * k))
 _HAS_DESCRIPTOR = bytes(1 if v & FLAG_DESCRIPTOR else 0 for v in range(256))   # flags' low byte
 # field offsets in a central record after its signature (CENTRAL_STRUCT's, less 4) and in a
 # local header
-_C_FLAGS, _C_METHOD, _C_CRC, _C_SIZE, _C_USIZE, _C_NAME_LEN, _C_EXTRA_LEN, _C_DISK, _C_HEADER = (
-    4, 6, 12, 16, 20, 24, 26, 30, 38)
+(_C_FLAGS, _C_METHOD, _C_CRC, _C_SIZE, _C_USIZE, _C_NAME_LEN, _C_EXTRA_LEN, _C_DISK,
+ _C_EXTERNAL, _C_HEADER) = (4, 6, 12, 16, 20, 24, 26, 30, 34, 38)
 _L_FLAGS, _L_METHOD, _L_CRC, _L_NAME_LEN, _L_EXTRA_LEN = 6, 8, 14, 26, 28
 
 
@@ -246,6 +246,7 @@ def _central(cd: bytes, n_total: int) -> tuple[list[bytes], _Records, list[int],
     if any(map(bytes.translate, fixed.field(_C_FLAGS, 2), repeat(None), _FLAG_BYTES)) \
             or not fixed.is_zero(_C_METHOD, 2) \
             or not fixed.is_zero(_C_DISK, 2) \
+            or not fixed.is_zero(_C_EXTERNAL, 4) \
             or fixed.field(_C_SIZE, 4) != fixed.field(_C_USIZE, 4) \
             or U32_MAX in size or U32_MAX in header:
         raise Decline("central record fields")

@@ -79,6 +79,7 @@ class ZipEntry:
     method: int
     flags: int
     central_offset: int       # where this central record sits
+    external_attr: int = 0    # the central record's external attributes (DOS: low byte)
 
 
 class _ZipEntryFast:
@@ -93,7 +94,7 @@ class _ZipEntryFast:
 
     def __init__(self, index: int, name: str, name_bytes: bytes, header_offset: int,
                  compressed_size: int, uncompressed_size: int, crc32: int, method: int,
-                 flags: int, central_offset: int) -> None:
+                 flags: int, central_offset: int, external_attr: int = 0) -> None:
         self.index = index
         self.name = name
         self.name_bytes = name_bytes
@@ -104,6 +105,7 @@ class _ZipEntryFast:
         self.method = method
         self.flags = flags
         self.central_offset = central_offset
+        self.external_attr = external_attr
         self.__class__ = ZipEntry  # type: ignore[assignment]
 
 
@@ -367,7 +369,7 @@ def parse_central_directory(cd: bytes, cd_offset: int, count: int, file_size: in
             raise _fmt_err(Code.ZIP_BAD_CENTRAL_DIR,
                            f"central record {index} runs past the directory", cd_offset + pos)
         (sig, _, _, flags, method, _, _, crc, csize, usize, nlen, xlen, clen, disk, _,
-         _, hoff) = unpack(cd, pos)
+         external_attr, hoff) = unpack(cd, pos)
         if sig != CENTRAL_SIG:
             raise _fmt_err(Code.ZIP_BAD_CENTRAL_DIR, f"central record {index} has a bad signature",
                            cd_offset + pos)
@@ -399,7 +401,7 @@ def parse_central_directory(cd: bytes, cd_offset: int, count: int, file_size: in
                            cd_offset + pos)
         name = raw.decode("ascii") if raw.isascii() else decode_name(raw, flags)
         append(new(index, name, raw, hoff, csize, usize, crc, method, flags,  # type: ignore[arg-type]
-                   cd_offset + pos))
+                   cd_offset + pos, external_attr))
         pos = rec_end
     return entries
 

@@ -39,10 +39,20 @@ U64_STRUCT = struct.Struct("<Q")
 # general-purpose bit flags
 FLAG_ENCRYPTED = 0x0001
 FLAG_DESCRIPTOR = 0x0008
+FLAG_PATCHED = 0x0020      # "compressed patched data": miniz's "unsupported feature"
 FLAG_STRONG_ENCRYPTION = 0x0040
 FLAG_MASKED_HEADER = 0x2000
 # what miniz refuses as "unsupported encryption" (bit 13: the whole archive, at open)
 ENCRYPTION_FLAGS = FLAG_ENCRYPTED | FLAG_STRONG_ENCRYPTION | FLAG_MASKED_HEADER
+# the DOS directory attribute in a central record's external attributes
+DOS_DIRECTORY = 0x10
+
+
+def miniz_directory(name_bytes: bytes, external_attr: int) -> bool:
+    """miniz takes an entry for a directory (mz_zip_reader_is_file_a_directory) when its
+    name ends with "/" or its DOS directory attribute is set, whatever the host byte says;
+    its extract then returns at once, writing nothing (torch reads an uninitialized buffer)."""
+    return name_bytes.endswith(b"/") or bool(external_attr & DOS_DIRECTORY)
 
 
 # --- hints for a remote reader's speculation (validated for real by core.zip.directory) ---

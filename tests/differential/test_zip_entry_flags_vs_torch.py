@@ -1,0 +1,125 @@
+"""Central-record fields torch's zip reader (miniz) acts on, vs the scan, answered by torch.load
+in a fresh process (tests/core/torch_rules/oracle.py):
+- general-purpose bit 5 ("compressed patched data"): miniz's file_stat fails the record with
+  "unsupported feature", after its method and encryption checks, in that order;
+- the DOS directory attribute (or a name ending in "/") on an entry with bytes: miniz takes it
+  for a directory and extracts nothing, so torch reads an uninitialized buffer (its values
+  change from run to run): no oracle can answer that, the scan calls it unsafe."""
+
+from __future__ import annotations
+
+import io
+import struct
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from ckptguard.core.errors import Code
+from ckptguard.core.scan import scan_path
+from ckptguard.core.state import ScanOptions
+from tests.core.torch_rules.oracle import run_oracle
+
+pytestmark = pytest.mark.torch
+
+ENGINES = ("auto", "general", "exact")
+
+
+def _saved() -> bytes:
+    torch = pytest.importorskip("torch")
+    buf = io.BytesIO()
+    torch.save({"w": torch.arange(16.0), "b": torch.arange(4, dtype=torch.int16)}, buf)
+    return buf.getvalue()
+
+
+def _patched(data: bytes, record: str, edit: Callable[[bytearray, int], None]) -> bytes:
+    """`data` with `edit(buffer, central record offset)` applied to `record`'s central record."""
+    out = bytearray(data)
+    pos = out.index(b"PK\x01\x02")
+    while out[pos:pos + 4] == b"PK\x01\x02":
+        nlen, xlen, clen = struct.unpack_from("<HHH", out, pos + 28)
+        if out[pos + 46:pos + 46 + nlen].endswith(f"/{record}".encode()):
+            edit(out, pos)
+        pos += 46 + nlen + xlen + clen
+    return bytes(out)
+
+
+def _flags(bits: int) -> Callable[[bytearray, int], None]:
+    def edit(out: bytearray, pos: int) -> None:
+        struct.pack_into("<H", out, pos + 8, struct.unpack_from("<H", out, pos + 8)[0] | bits)
+    return edit
+
+
+def _method(method: int) -> Callable[[bytearray, int], None]:
+    return lambda out, pos: struct.pack_into("<H", out, pos + 10, method)
+
+
+def _both(*edits: Callable[[bytearray, int], None]) -> Callable[[bytearray, int], None]:
+    def edit(out: bytearray, pos: int) -> None:
+        for each in edits:
+            each(out, pos)
+    return edit
+
+
+FLAG_CASES = {
+    "bit 5 on data.pkl": ("data.pkl", _flags(0x20)),
+    "bit 5 on data/0": ("data/0", _flags(0x20)),
+    "bit 5 on version": ("version", _flags(0x20)),
+    "bit 5 on byteorder": ("byteorder", _flags(0x20)),
+    "bits 0 and 5 on data/1": ("data/1", _flags(0x21)),
+    "method 99 and bit 0 on data/1": ("data/1", _both(_method(99), _flags(0x01))),
+    "method 99 and bit 5 on data.pkl": ("data.pkl", _both(_method(99), _flags(0x20))),
+}
+
+
+@pytest.fixture(scope="module")
+def answers(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, dict[str, object]]]:
+    tmp = tmp_path_factory.mktemp("flags")
+    saved = _saved()
+    paths = {}
+    for n, (name, (record, edit)) in enumerate(FLAG_CASES.items()):
+        paths[name] = tmp / f"case{n}.pt"
+        paths[name].write_bytes(_patched(saved, record, edit))
+    results = run_oracle([{"path": str(p), "mode": "load"} for p in paths.values()], tmp)
+    return {name: (paths[name], res) for name, res in zip(paths, results, strict=True)}
+
+
+@pytest.mark.parametrize("name", list(FLAG_CASES))
+@pytest.mark.parametrize("engine", ENGINES)
+def test_flags_miniz_refuses_give_torchs_error(answers: dict[str, tuple[Path, dict[str, object]]],
+                                               name: str, engine: str) -> None:
+    path, want = answers[name]
+    assert not want["ok"], want   # torch refuses each of them
+    report = scan_path(path, options=ScanOptions(engine=engine))  # type: ignore[arg-type]
+    wo = report.weights_only
+    assert not wo.loadable and report.verdict != "safe", (name, wo)
+    assert (wo.error_type, wo.error) == (want["type"], str(want["msg"]).split("\n")[0]), name
+
+
+@pytest.mark.parametrize("record", ["data.pkl", "data/0", "version", "byteorder"])
+@pytest.mark.parametrize("engine", ENGINES)
+def test_an_entry_miniz_takes_for_a_directory_is_unsafe(tmp_path: Path, record: str,
+                                                        engine: str) -> None:
+    path = tmp_path / "dir.pt"
+    path.write_bytes(_patched(_saved(), record, lambda out, pos: struct.pack_into("<I", out, pos + 38, 0x10)))
+    report = scan_path(path, options=ScanOptions(engine=engine))  # type: ignore[arg-type]
+    assert report.verdict == "unsafe"
+    assert [f.record for f in report.findings if f.code is Code.ZIP_DIRECTORY_WITH_DATA] \
+        == [f"archive/{record}"]
+    assert report.weights_only.error_type == "Unmodelled" and not report.weights_only.loadable
+
+
+def test_an_empty_directory_entry_is_no_finding(tmp_path: Path) -> None:
+    """A real directory entry (no bytes) is what other zip writers add: nothing to read."""
+    import zipfile
+
+    src = io.BytesIO(_saved())
+    out = io.BytesIO()
+    with zipfile.ZipFile(src) as zin, zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as zout:
+        zout.writestr(zipfile.ZipInfo("archive/"), b"")
+        for info in zin.infolist():
+            zout.writestr(info.filename, zin.read(info))
+    path = tmp_path / "with_dir.pt"
+    path.write_bytes(out.getvalue())
+    report = scan_path(path)
+    assert Code.ZIP_DIRECTORY_WITH_DATA not in {f.code for f in report.findings}
