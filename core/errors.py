@@ -163,6 +163,10 @@ class Code(StrEnum):
                                  "torch.load(weights_only=True) would refuse this file")
     TORCHSCRIPT_ARCHIVE = ("TORCHSCRIPT_ARCHIVE", _H, _S,
                            "a TorchScript archive: code, not weights; not weights-only loadable")
+    TORCH_TAR_UNDECIDED = ("TORCH_TAR_UNDECIDED", _H, _S,
+                           "whether torch.load reads the file as a legacy .tar cannot be told "
+                           "(a header chain past Limits.max_tar_probe_bytes, or pax records "
+                           "Python's tarfile versions parse differently): both readings are judged")
     TORCH_LEGACY_TAR = ("TORCH_LEGACY_TAR", _M, _S,
                         "legacy .tar checkpoint: refused by weights_only (CVE-2025-32434 path)")
     TORCH_MISSING_RECORD = "TORCH_MISSING_RECORD", _H, _X, "a storage's data record is missing"

@@ -145,8 +145,9 @@ def _looks_like_safetensors(head: bytes, size: int) -> bool:
 
 TAR_BLOCK = 512
 _NUMERIC_FIELDS = ((100, 108), (108, 116), (116, 124), (124, 136), (136, 148), (329, 337), (337, 345))
-_MAX_CHAIN = 8
 _CHAINED = (b"L", b"K", b"x", b"g", b"X")   # GNU long name/link, pax headers
+_PAX = (b"x", b"g")
+_PAX_RECORD = re.compile(rb"(\d+) ([^=]+)=")
 
 
 class _Invalid(Exception):
@@ -171,38 +172,58 @@ def is_tar(head: bytes) -> bool:
     Mirrors TarFile.next() at offset 0: a short first block or a bad checksum/number
     field is a ReadError; an all-zero block ends the archive silently (open succeeds);
     GNU long-name and pax headers need a valid header after their data. `head` must
-    hold `tar_bytes_needed(head)` bytes (or the whole file) for an exact answer.
+    hold `tar_bytes_needed(head)` bytes (or the whole file) for an exact answer, which
+    core.formats.torch_tar.tarfile_accepts reads.
     """
-    return _probe(head)[0] is True
+    return tar_probe(head)[0] is True
 
 
-def tar_bytes_needed(head: bytes) -> int:
-    """How many leading bytes `is_tar` must see (more than `len(head)` for header chains)."""
-    answer = _probe(head)[0]
-    return answer if type(answer) is int else len(head)
+def tar_probe(head: bytes) -> tuple[bool | int | None, int]:
+    """(True/False: tarfile accepts/refuses the file; an int: the bytes `head` must hold to
+    tell; None: it cannot be told (pax records that CPython's tarfile versions parse
+    differently); the position of the last header read). A chain of headers is followed
+    as far as `head` goes, however long: the caller bounds the bytes it reads."""
+    pos = 0
+    while True:
+        if len(head) < pos + TAR_BLOCK:
+            return (pos + TAR_BLOCK if pos else False), pos
+        block = head[pos:pos + TAR_BLOCK]
+        if block.count(0) == TAR_BLOCK:
+            return pos == 0, pos   # at offset 0: empty archive; later: SubsequentHeaderError
+        if not valid_tar_block(block):
+            return False, pos
+        kind = block[156:157]
+        if kind not in _CHAINED:
+            return True, pos
+        length = max(0, tar_number(block[124:136]))
+        if kind in _PAX:
+            if len(head) < pos + TAR_BLOCK + length:
+                return pos + TAR_BLOCK + length, pos
+            if not _plain_pax(head[pos + TAR_BLOCK:pos + TAR_BLOCK + length]):
+                return None, pos
+        pos += TAR_BLOCK + -(-length // TAR_BLOCK) * TAR_BLOCK
+
+
+def _plain_pax(body: bytes) -> bool:
+    """Pax records as tarfile writes them, which every CPython's tarfile parses alike:
+    `"%d %s=%s\n"`, each length its record's bytes, the records filling the body."""
+    pos = 0
+    while pos < len(body):
+        match = _PAX_RECORD.match(body, pos)
+        if match is None:
+            return False
+        length = int(match.group(1))
+        if length < len(match.group(0)) or pos + length > len(body) \
+                or body[pos + length - 1] != 0x0A:
+            return False
+        pos += length
+    return True
 
 
 def tar_fail_offset(head: bytes, size: int) -> int:
     """Where a failed `tarfile.open` leaves the file position: just after the header block it
     could not parse. torch then checks for a zip magic THERE (serialization.py _legacy_load)."""
-    return min(size, _probe(head)[1] + TAR_BLOCK)
-
-
-def _probe(head: bytes) -> tuple[bool | int, int]:
-    """(True/False, or the byte count still needed; position of the last header read)."""
-    pos = 0
-    for depth in range(_MAX_CHAIN):
-        if len(head) < pos + TAR_BLOCK:
-            return (pos + TAR_BLOCK if depth else False), pos
-        block = head[pos:pos + TAR_BLOCK]
-        if block.count(0) == TAR_BLOCK:
-            return depth == 0, pos   # at offset 0: empty archive; later: SubsequentHeaderError
-        if not valid_tar_block(block):
-            return False, pos
-        if block[156:157] not in _CHAINED:
-            return True, pos
-        pos += TAR_BLOCK + -(-max(0, tar_number(block[124:136])) // TAR_BLOCK) * TAR_BLOCK
-    return False, pos
+    return min(size, tar_probe(head)[1] + TAR_BLOCK)
 
 
 def valid_tar_block(block: bytes) -> bool:
@@ -215,6 +236,8 @@ def valid_tar_block(block: bytes) -> bool:
             return False
         for lo, hi in _NUMERIC_FIELDS:
             tar_number(block[lo:hi])
+        if block[156:157] == b"S":   # a GNU sparse header's real size (TarInfo.frombuf)
+            tar_number(block[483:495])
     except _Invalid:
         return False
     return True

@@ -18,7 +18,7 @@ from __future__ import annotations
 import struct
 
 from ckptguard.core import sniff
-from ckptguard.core.errors import Code, LimitExceeded
+from ckptguard.core.errors import CkptError, Code, Effect, LimitExceeded
 from ckptguard.core.filemap import add_region
 from ckptguard.core.formats import torch_tar
 from ckptguard.core.io.source import ByteSource
@@ -69,12 +69,12 @@ def legacy_answer(source: ByteSource, an: Analysis, *,
     the first pickle already emulated (a pickle without persistent ids reads alike with
     and without torch's storage hook), so a large plain pickle is not replayed twice.
     """
-    head = source.read_at(0, min(source.size, 512))
-    need = sniff.tar_bytes_needed(head)
-    if need > len(head) and need <= min(source.size, an.options.limits.max_tar_probe_bytes):
-        head = source.read_at(0, need)
-    if sniff.is_tar(head):
+    tar, head = torch_tar.tarfile_accepts(source, an.options.limits)
+    if tar:
         return TorchError("RuntimeError", torch_tar.TAR_ERROR, 0)
+    if tar is None:
+        return TorchError("Unmodelled", "not modelled: whether tarfile.open accepts this file "
+                          "(TORCH_TAR_UNDECIDED)", 0)
     stop = sniff.tar_fail_offset(head, source.size)
     if stop + 4 <= source.size and source.read_at(stop, 4) == b"PK\x03\x04":
         return TorchError("RuntimeError", f"{source.name} is a zip archive (did you mean to use "
@@ -107,14 +107,13 @@ def analyze(source: ByteSource, an: Analysis) -> None:
     >>> analyze(FileSource("old.pt"), an); an.format, an.storages[0].data_offset
     ('torch-legacy', 537)
     """
-    head = source.read_at(0, min(source.size, 512))
-    need = sniff.tar_bytes_needed(head)
-    if need > len(head) and need <= min(source.size, an.options.limits.max_tar_probe_bytes):
-        head = source.read_at(0, need)
-    if sniff.is_tar(head):   # torch tries tarfile.open first (real files at offset 0)
+    tar, head = torch_tar.tarfile_accepts(source, an.options.limits)
+    if tar:   # torch tries tarfile.open first (real files at offset 0)
         an.format = "torch-tar"
         torch_tar.analyze_tar(source, an)
         return
+    if tar is None:
+        _judge_tar_reading(source, an)
     an.format = "torch-legacy"
     an.add(Code.TORCH_LEGACY_FORMAT, "legacy pickled-stream checkpoint (no zip container)",
            offset=0)
@@ -127,6 +126,34 @@ def analyze(source: ByteSource, an: Analysis) -> None:
         an.add(Code.TORCH_BAD_LEGACY_STREAM, f"a zip local header at offset {stop}, where torch "
                "looks after its tar attempt: torch.load refuses the file", offset=stop)
     stream.run()
+    if tar is None:   # torch's answer depends on the tar attempt, which cannot be told
+        _unmodelled_answer(an)
+
+
+def _judge_tar_reading(source: ByteSource, an: Analysis) -> None:
+    """The file read as the tar it may be to torch: what its pickles would run, into `an`
+    (the legacy stream's reading follows)."""
+    an.add(Code.TORCH_TAR_UNDECIDED, "torch.load may read this file as a legacy .tar (its "
+           "header chain or pax records are past what the scan can tell) or as a stream: the "
+           "tar's members are judged too", offset=0)
+    reading = Analysis(an.options)
+    try:
+        torch_tar.analyze_tar(source, reading)
+    except CkptError as exc:
+        reading.add_error(exc)
+    for f in reading.findings:
+        if f.code.effect is Effect.UNSAFE:   # what the tar's pickles would run
+            an.add(f.code, f"as a tar: {f.message}", record=f.record, offset=f.offset,
+                   severity=f.severity)
+    for key, entry in reading.globals.items():
+        an.globals.setdefault(key, entry)
+
+
+def _unmodelled_answer(an: Analysis) -> None:
+    wo = an.weights_only
+    if wo is not None:
+        wo.loadable, wo.error_type = False, "Unmodelled"
+        wo.error = "not modelled: whether tarfile.open accepts this file (TORCH_TAR_UNDECIDED)"
 
 
 @record(slots=True)

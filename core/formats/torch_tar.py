@@ -17,6 +17,7 @@ import struct
 from ckptguard.core.errors import Code, LimitExceeded
 from ckptguard.core.io.source import ByteSource
 from ckptguard.core.judge import scan_pickle
+from ckptguard.core.limits import Limits
 from ckptguard.core.pickle.renames import torch_map
 from ckptguard.core.pickle.window import PickleWindow
 from ckptguard.core.records import record
@@ -24,6 +25,7 @@ from ckptguard.core.regions.region import declare
 from ckptguard.core.report import WeightsOnly
 from ckptguard.core.sniff import TAR_BLOCK as BLOCK
 from ckptguard.core.sniff import tar_number as _nti
+from ckptguard.core.sniff import tar_probe
 from ckptguard.core.sniff import valid_tar_block as _valid_block
 from ckptguard.core.state import Analysis
 from ckptguard.core.torch.rules import storage_itemsize
@@ -40,6 +42,24 @@ class TarMember:
     type: bytes
     data_offset: int
     size: int
+
+
+def tarfile_accepts(source: ByteSource, limits: Limits) -> tuple[bool | None, bytes]:
+    """Whether `tarfile.open(f, "r:")`, torch.load's first try on a real file, accepts this
+    one, and the head read to tell (`core.sniff.tar_probe`'s bytes, re-read as a header chain
+    asks for more). None: it cannot be told within `Limits.max_tar_probe_bytes`, or pax
+    records make it depend on the Python version; the caller judges both readings."""
+    cap = min(source.size, limits.max_tar_probe_bytes)
+    head = source.read_at(0, min(source.size, BLOCK))
+    while True:
+        answer, _ = tar_probe(head)
+        if answer is None or isinstance(answer, bool):
+            return answer, head
+        if answer > source.size:   # the chain runs past the end: no member header follows
+            return False, head
+        if answer > cap:
+            return None, head
+        head = source.read_at(0, answer)
 
 
 def read_members(source: ByteSource, an: Analysis) -> list[TarMember]:

@@ -15,7 +15,6 @@ NOT_OURS = {
     "pickle/opcodes.py:MAX_INT_DIGITS": "CPython's int/str conversion limit (sys.int_info)",
     "formats/safetensors.py:MAX_HEADER_SIZE": "the safetensors library's MAX_HEADER_SIZE",
     "manifest/keynames.py:_MAX_DEVICE_INDEX": "c10::DeviceIndex is int8 in torch",
-    "sniff.py:_MAX_CHAIN": "how many GNU/pax headers tarfile chains before a member",
     # thresholds where a C-speed path declines to the exact engine (no verdict depends on them)
     "pickle/fast/tokenize.py:_MAX_MEMO_INDEX_FLOOR": "fast-path decline threshold",
     "pickle/fast/tokenize.py:_MAX_MEMO_BITS": "the widest memo index the fast path's regex takes",

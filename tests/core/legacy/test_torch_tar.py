@@ -102,10 +102,11 @@ def test_long_name_header_chains(fmt: int) -> None:
         info = tarfile.TarInfo("p" * 150 + "/pickle")
         tar.addfile(info, io.BytesIO(b""))
     data = buf.getvalue()
-    from ckptguard.core.sniff import tar_bytes_needed
+    from ckptguard.core.sniff import tar_probe
 
-    assert tar_bytes_needed(data[:512]) > 512 and not is_tar(data[:512])
-    assert is_tar(data[:tar_bytes_needed(data[:512])])
+    needed = tar_probe(data[:512])[0]
+    assert type(needed) is int and needed > 512 and not is_tar(data[:512])
+    assert is_tar(data[:needed])
     broken = data[:1024] + b"\xff" * 512
     assert not is_tar(broken)
 
