@@ -265,6 +265,7 @@ class _Builder:
         self.max_name = an.options.limits.max_name_chars
         self.items_left = self.max_items
         self.append = an.tensors.append
+        self.expanded: set[int] = set()   # tensor calls whose attributes/components were walked
 
     def charge(self, items: int) -> None:
         """Count one more entry holding `items` shape/stride/path items; fail closed past
@@ -383,6 +384,14 @@ class _Builder:
         return True
 
     def tensor(self, path: _Path, call: Call, push: Any) -> None:
+        """List the tensor `call` builds at `path`. A tensor met again (tied weights) is listed
+        again, at its new path, but what hangs from it (python attributes, a composite's
+        component tensors) is walked the first time only, as a shared container is: else a
+        DAG of tensors through their attributes lists 2**depth rows from a few KB."""
+        if id(call) in self.expanded:
+            push = _walked_already
+        else:
+            self.expanded.add(id(call))
         try:
             self._tensor(path, call, push)
         except _Bad as exc:
@@ -796,6 +805,10 @@ def _keyed(path: AnyPath, below: int, items: Collection[tuple[Any, Any]]) -> lis
             out.append(([at, KEY_SEGMENT, below], k))
         out.append((at, v))
     return out
+
+
+def _walked_already(item: tuple[AnyPath, Any]) -> None:
+    """The push of a tensor whose attributes and components were walked at another path."""
 
 
 def push_all(push: Any, path: _Path, mapping: dict[Any, Any]) -> None:
