@@ -36,6 +36,14 @@ _ROW_ENCODER = c_make_encoder(None, _ENCODER.default, encode_basestring, None, "
                               False, False, False) if c_make_encoder is not None else None
 
 
+def utf8(text: str) -> bytes:
+    """JSON text as UTF-8 bytes. A pickle's strings may hold a lone surrogate (BINUNICODE
+    decodes with surrogatepass, as pickle does: a tensor named 'w\\udcff'), which UTF-8
+    cannot encode: it becomes its JSON escape, `\\udcff`, as an ASCII encoder writes it and
+    as a JSON reader reads it back."""
+    return text.encode("utf-8", "backslashreplace")
+
+
 def dumps_rows(rows: list[Any]) -> list[str]:
     """`[dumps(row) for row in rows]`, without the per-call setup."""
     if _ROW_ENCODER is None:
@@ -62,7 +70,7 @@ class Layout(NamedTuple):
 
 def pack(value: Any) -> bytes:
     """`value` as compressed JSON."""
-    return zlib.compress(dumps(value).encode(), 6)
+    return zlib.compress(utf8(dumps(value)), 6)
 
 
 def unpack(blob: bytes) -> Any:
@@ -104,7 +112,7 @@ def chunks_of(rows: list[Any]) -> Iterator[tuple[int, bytes]]:
     """(chunk number, compressed lines) for each run of ROWS_PER_CHUNK rows."""
     for number, start in enumerate(range(0, len(rows), ROWS_PER_CHUNK)):
         lines = "\n".join(dumps_rows(rows[start:start + ROWS_PER_CHUNK]))
-        yield number, zlib.compress(lines.encode(), 6)
+        yield number, zlib.compress(utf8(lines), 6)
 
 
 def chunk_lines(blob: bytes) -> list[str]:
@@ -126,6 +134,12 @@ def _text(value: Any) -> str:
     return value if type(value) is str else str(value or "")
 
 
+def _storable(text: str) -> str:
+    """A key column's text: a database stores UTF-8, so a lone surrogate (see `utf8`) is kept
+    as its JSON escape."""
+    return utf8(text).decode("utf-8")
+
+
 def key_columns(rows: list[Any]) -> KeyColumns:
     """The key columns of the tensor rows. Rows of old reports may miss fields, or not be
     objects: they get neutral keys. Each column is one C-level pass (`map(dict.get, ...)`)
@@ -137,7 +151,7 @@ def key_columns(rows: list[Any]) -> KeyColumns:
         return list(map(dict.get, objects, repeat(field)))
 
     return KeyColumns(
-        names=[n if type(n) is str else _text(n) for n in column("name")],
+        names=[n if type(n) is str and n.isascii() else _storable(_text(n)) for n in column("name")],
         dtypes=[d if type(d) is str else _text(d) for d in column("dtype")],
         nbytes=[n if type(n) is int else 0 for n in column("nbytes")],
         data_offsets=[o if type(o) is int else NO_OFFSET for o in column("data_offset")])
@@ -175,11 +189,11 @@ def stream(fields: Mapping[str, Any], head: Mapping[str, Any],
             empty = False
             size += len(piece)
             if size >= STREAM_PIECE_CHARS:
-                yield "".join(buffer).encode()
+                yield utf8("".join(buffer))
                 buffer, size = [], 0
         buffer.append("]")
     buffer.append("}")
-    yield "".join(buffer).encode()
+    yield utf8("".join(buffer))
 
 
 def rows_in_pieces(rows: list[Any]) -> Iterator[str]:

@@ -69,7 +69,7 @@ def rules() -> list[dict[str, Any]]:
 def fingerprint(code: str, uri: str, finding: dict[str, Any]) -> str:
     key = "\0".join((code, uri, str(finding.get("record")), str(finding.get("offset")),
                      finding.get("message", "")))
-    return hashlib.sha256(key.encode()).hexdigest()[:32]
+    return hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()[:32]
 
 
 def sarif_log(results: list[ItemResult]) -> dict[str, Any]:

@@ -25,6 +25,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
+from ckptguard.app.compact import dumps, utf8
 from ckptguard.app.deps import caller_key
 from ckptguard.app.jobs import PoolFull
 from ckptguard.app.pipeline import ScanService, queue_full
@@ -114,7 +115,7 @@ async def scan_url(body: ScanUrlRequest, request: Request,
             scans.metrics.rejected.inc()
         raise queue_full(str(exc)) from exc
     if not isinstance(scans, ScanService):   # the router alone (no store): answer, keep nothing
-        return Response(await run_in_threadpool(lambda: JSONResponse(report).body),
+        return Response(await run_in_threadpool(lambda: utf8(dumps(report))),
                         media_type="application/json")
     answer = await scans.keep(report)
     return record_report(scans.store, answer.record, answer.report)

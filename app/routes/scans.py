@@ -152,8 +152,8 @@ async def get_tensors(
     def body() -> bytes:
         page = store.tensors(stored, limit=limit, cursor=cursor, name=name or None, dtype=dtype,
                              sort=sort)
-        return compact.dumps({"items": page.items, "next_cursor": page.next_cursor,
-                              "total": page.total, "dtypes": stored.dtypes}).encode()
+        return compact.utf8(compact.dumps({"items": page.items, "next_cursor": page.next_cursor,
+                                           "total": page.total, "dtypes": stored.dtypes}))
 
     try:
         return Response(await asyncio.to_thread(body), media_type=JSON)
@@ -182,7 +182,7 @@ async def list_scans(
     def body() -> bytes:
         page = store.list(sha256=sha256.lower() if sha256 else None, verdict=verdict, fmt=format,
                           limit=limit, cursor=cursor)
-        return compact.dumps({"items": page.items, "next_cursor": page.next_cursor}).encode()
+        return compact.utf8(compact.dumps({"items": page.items, "next_cursor": page.next_cursor}))
 
     try:
         return Response(await asyncio.to_thread(body), media_type=JSON)
