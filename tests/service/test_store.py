@@ -112,3 +112,21 @@ def test_cursor_roundtrip_and_rejects() -> None:
 def test_policy_key_includes_allowlist() -> None:
     assert policy_key("pol", frozenset()) == "pol"
     assert policy_key("pol", frozenset({"b.B", "a.A"})) == "pol+allow:a.A,b.B"
+
+
+def test_names_a_database_cannot_hold_as_text_are_stored_and_given_back(url: str) -> None:
+    """A pickle's names may hold a NUL (PostgreSQL text refuses it) or a lone surrogate (UTF-8
+    cannot encode it): the report keeps them, the key columns their JSON escapes."""
+    names = ["a\0b", "w\udcff", "plain", "é\0"]
+    doc = {**report("cd" * 32, "safe"), "tensors": [{"name": n, "dtype": "float32", "nbytes": 4}
+                                                   for n in names]}
+    store = Store.open(url)
+    try:
+        saved = store.save(doc, policy="p", cacheable=True)
+        stored = store.get(saved.id)
+        assert stored is not None
+        page = store.tensors(stored, limit=10)
+        assert [t["name"] for t in page.items] == names and page.total == 4
+        assert [t["name"] for t in store.tensors(stored, limit=10, name="\\u0000").items] == ["a\0b", "é\0"]
+    finally:
+        store.close()
