@@ -62,13 +62,41 @@ def _transposed(rows: Sequence[tuple[Any, ...]]) -> tuple[tuple[Any, ...], ...]:
         return tuple(zip(*rows, strict=True))
 
 
+# CPython's json (and str) write an int of up to 4,300 digits (sys.int_info's default): a
+# row holding a wider one (a pickle's LONG4 as a storage's numel; no tensor torch builds has
+# one) cannot be written at all, so it is not listed (_drop_unwritable)
+_WRITABLE_BITS = 14_000   # 4,215 digits
+
+
+class _Unwritable(Exception):
+    """An integer past _WRITABLE_BITS in a column."""
+
+
 def _widest(*columns: Sequence[int]) -> int:
     """At least the characters of the widest integer in `columns`, a sign included (two C
     passes per column: no call per value)."""
     widest = max((max(max(c), -min(c)) for c in columns if c), default=0)
-    if widest.bit_length() > 10_000:   # `str` refuses ints past 4,300 digits
-        return widest.bit_length() * 30103 // 100000 + 2
+    if widest.bit_length() > _WRITABLE_BITS:
+        raise _Unwritable
     return len(str(widest)) + 1
+
+
+def _writable_row(row: Any) -> bool:
+    return all(type(v) is not int or v.bit_length() <= _WRITABLE_BITS
+               for field in row for v in (field if type(field) in (list, tuple) else (field,)))
+
+
+def _drop_unwritable(report: Report) -> str:
+    """Drop the tensor and storage rows holding an integer no JSON writer here writes; what
+    was dropped (a row at a time: only reports that hold such an integer come here)."""
+    dropped = []
+    for label in ("tensors", "storages"):
+        rows = getattr(report, label)
+        kept = [row for row in rows if _writable_row(row)]
+        if len(kept) < len(rows):
+            dropped.append(f"{len(rows) - len(kept):,} of {len(rows):,} {label}")
+            setattr(report, label, kept)
+    return ", ".join(dropped)
 
 
 def tensors_bound(tensors: Sequence[TensorEntry], max_name_chars: int) -> int:
@@ -157,6 +185,11 @@ def cap_report(report: Report, budget: int, max_name_chars: int) -> Finding | No
                            weights_only=records.replace(wo, unsafe_globals=[],
                                                         safe_globals_hint=None))
     fixed = _size(bare.to_json())
+    unwritable = ""
+    try:
+        tensors_bound(report.tensors, max_name_chars) + storages_bound(report.storages)
+    except _Unwritable:
+        unwritable = _drop_unwritable(report)
     lists: list[tuple[str, Sequence[Any], Any]] = [
         ("findings", report.findings, None), ("globals", report.globals, None),
         ("unsafe globals", wo.unsafe_globals, None),
@@ -167,7 +200,7 @@ def cap_report(report: Report, budget: int, max_name_chars: int) -> Finding | No
              + _size([g.to_json() for g in report.globals]) + _size(wo.unsafe_globals)
              + (_size(hint) if hint else 0) + tensors_bound(report.tensors, max_name_chars)
              + storages_bound(report.storages) + regions_bound(report.regions))
-    if bound <= budget:
+    if bound <= budget and not unwritable:
         return None
     room = budget - fixed - _RESERVE
     kept: list[tuple[str, int, int]] = []
@@ -175,7 +208,8 @@ def cap_report(report: Report, budget: int, max_name_chars: int) -> Finding | No
         count, used = _fit(items, max(room, 0), bound)
         kept.append((label, count, len(items)))
         room -= used
-    if all(count == total for _, count, total in kept) and (not hint or _size(hint) <= room):
+    if all(count == total for _, count, total in kept) and (not hint or _size(hint) <= room) \
+            and not unwritable:
         return None   # the bound was loose: every row fits
     counts = {label: count for label, count, _ in kept}
     report.findings = report.findings[:counts["findings"]]
@@ -189,8 +223,16 @@ def cap_report(report: Report, budget: int, max_name_chars: int) -> Finding | No
     wo.unsafe_globals = wo.unsafe_globals[:counts["unsafe globals"]]
     left_out = ", ".join(f"{total - count:,} of {total:,} {label}"
                          for label, count, total in kept if count < total) or "the hint"
-    finding = Finding(Code.LIMIT_REPORT, f"the report would pass its cap of {budget:,} JSON "
-                      f"bytes (Limits: a floor + per byte read + per tensor, at most "
-                      f"max_report_bytes): not listed: {left_out}")
+    if unwritable:
+        message = (f"not listed: {unwritable} holding an integer past 4,300 digits (no JSON "
+                   "writer here writes one; no tensor torch builds has one)")
+        if left_out != "the hint" or (hint and _size(hint) > room):
+            message += f"; the rest would pass the report's cap of {budget:,} JSON bytes: " \
+                       f"not listed: {left_out}"
+    else:
+        message = (f"the report would pass its cap of {budget:,} JSON bytes (Limits: per byte "
+                   f"read and per tensor, at least a floor, at most max_report_bytes): "
+                   f"not listed: {left_out}")
+    finding = Finding(Code.LIMIT_REPORT, message)
     report.findings.append(finding)
     return finding

@@ -109,6 +109,13 @@ class _Brief(reprlib.Repr):
     def repr_PersId(self, x: PersId, level: int) -> str:
         return f"PersId({self.repr1(x.pid, level - 1)})"
 
+    def repr_int(self, x: int, level: int) -> str:
+        """An int in digits up to 80 of them (reprlib's cut), past ~4,000 by its size: `str`
+        refuses ints past 4,300 digits, and a LONG4 may hold one."""
+        if x.bit_length() > 13_000:
+            return f"<int of {x.bit_length()} bits>"
+        return super().repr_int(x, level)
+
     def repr_Unhashable(self, x: Unhashable, level: int) -> str:
         return f"Unhashable({self.repr1(x.value, level - 1)})"
 

@@ -683,8 +683,8 @@ class _Builder:
             if record_nbytes is not None and record_nbytes != nbytes:
                 self.an.add(Code.TORCH_RECORD_SIZE_MISMATCH,
                             f"record size ({record_nbytes} bytes) does not match expected size "
-                            f"({nbytes} bytes = {numel} elements * {itemsize} bytes/element) "
-                            f"for storage {key}", record=site.record or self.record,
+                            f"({brief(nbytes)} bytes = {brief(numel)} elements * {itemsize} "
+                            f"bytes/element) for storage {key}", record=site.record or self.record,
                             offset=site.data_offset)
                 limit = min(limit, record_nbytes)
             entry = StorageEntry(key, dtype, numel, nbytes, location, site.record, site.data_offset,

@@ -135,8 +135,8 @@ def test_file_reader_view_matches_the_c_unpickler(draw: st.DataObject) -> None:
     got = _load_from_file(linear)
     want = _load_from_file(data)
     assert got[2] == want[2]
-    if want[0] == "ok":
-        assert got[:2] == want[:2]
+    if want[0] == "ok":   # (by repr: frames cut anywhere can make a list that holds itself)
+        assert got[0] == want[0] and repr(got[1]) == repr(want[1])
 
 
 def test_straddling_frame_is_unsafe(judge: Any) -> None:
