@@ -296,6 +296,14 @@ def _record_span(e: ZipEntry, local: LocalHeader | None) -> tuple[int, int, int,
     return e.header_offset, end, end + desc, local is not None
 
 
+def _same_record(a: ZipEntry, b: ZipEntry) -> bool:
+    """Two central entries for one local record, by the same name, method and sizes (a
+    duplicate ZIP_DUPLICATE_IDENTICAL notes): whichever a reader takes, it reads the same."""
+    return (a.header_offset == b.header_offset and a.name_bytes == b.name_bytes
+            and a.method == b.method and a.compressed_size == b.compressed_size
+            and a.uncompressed_size == b.uncompressed_size and a.flags == b.flags)
+
+
 def _check_layout(directory: ZipDirectory, locals_: Mapping[int, LocalHeader], out: _Capped) -> None:
     spans = sorted((*_record_span(e, locals_.get(e.index)), e.index) for e in directory.entries)
     entries = directory.entries
@@ -316,6 +324,8 @@ def _check_layout(directory: ZipDirectory, locals_: Mapping[int, LocalHeader], o
     owner: ZipEntry | None = None
     for start, payload_end, end, is_exact, index in spans:
         e = entries[index]
+        if owner is not None and _same_record(e, owner) and payload_end == payload_end_max:
+            continue   # a central entry written twice: one record, read alike by every reader
         if start < payload_end_max:
             out.add(Code.ZIP_OVERLAPPING_ENTRIES,
                     f"{e.name} at {start} overlaps {owner.name if owner else '?'} "

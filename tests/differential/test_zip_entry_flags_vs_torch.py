@@ -123,3 +123,44 @@ def test_an_empty_directory_entry_is_no_finding(tmp_path: Path) -> None:
     path.write_bytes(out.getvalue())
     report = scan_path(path)
     assert Code.ZIP_DIRECTORY_WITH_DATA not in {f.code for f in report.findings}
+
+
+def _central_entry_twice(data: bytes, record: str) -> bytes:
+    """`data` with `record`'s central entry written again at the end of the directory, the
+    counts and sizes of both end records (zip64 and classic) fixed."""
+    d = bytearray(data)
+    pos = d.index(b"PK\x01\x02")
+    copy = b""
+    while d[pos:pos + 4] == b"PK\x01\x02":
+        nlen, xlen, clen = struct.unpack_from("<HHH", d, pos + 28)
+        if d[pos + 46:pos + 46 + nlen].endswith(f"/{record}".encode()):
+            copy = bytes(d[pos:pos + 46 + nlen + xlen + clen])
+        pos += 46 + nlen + xlen + clen
+    d[pos:pos] = copy
+    eocd = d.rindex(b"PK\x05\x06")
+    for at in (8, 10):
+        if (n := struct.unpack_from("<H", d, eocd + at)[0]) != 0xFFFF:
+            struct.pack_into("<H", d, eocd + at, n + 1)
+    if (n := struct.unpack_from("<I", d, eocd + 12)[0]) != 0xFFFFFFFF:
+        struct.pack_into("<I", d, eocd + 12, n + len(copy))
+    z64 = d.rfind(b"PK\x06\x06", 0, eocd)
+    if z64 >= 0:
+        for at in (24, 32):
+            struct.pack_into("<Q", d, z64 + at, struct.unpack_from("<Q", d, z64 + at)[0] + 1)
+        struct.pack_into("<Q", d, z64 + 40, struct.unpack_from("<Q", d, z64 + 40)[0] + len(copy))
+        struct.pack_into("<Q", d, d.rfind(b"PK\x06\x07", 0, eocd) + 8, z64)
+    return bytes(d)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_central_entry_written_twice_is_one_record_not_an_overlap(tmp_path: Path,
+                                                                    engine: str) -> None:
+    """Every reader reads the same bytes for it: a note (ZIP_DUPLICATE_IDENTICAL), not the
+    `unsafe` overlap it was (a divergence hunt: torch loads the file)."""
+    path = tmp_path / "twice.pt"
+    path.write_bytes(_central_entry_twice(_saved(), "version"))
+    (want,) = run_oracle([{"path": str(path), "mode": "load"}], tmp_path)
+    report = scan_path(path, options=ScanOptions(engine=engine))  # type: ignore[arg-type]
+    codes = {f.code for f in report.findings}
+    assert want["ok"] and report.weights_only.loadable and report.verdict == "safe", codes
+    assert Code.ZIP_DUPLICATE_IDENTICAL in codes and Code.ZIP_OVERLAPPING_ENTRIES not in codes
