@@ -478,7 +478,36 @@ def _mod(f: _Folder, a: Any, b: Any) -> Any:
     if type(a) not in _TEXT or not _is_plain(b):
         raise Unfoldable("% of a value the table does not model")
     _check_percent(a)
+    text = a.decode("latin-1") if type(a) is not str else a
+    values = b.values() if type(b) is dict else b if type(b) is tuple else (b,)
+    _check_printed(f, len(a), len(_PERCENT.findall(text)), values)
     return a % b
+
+
+def _check_printed(f: _Folder, fixed: int, fields: int, values: Iterable[Any]) -> None:
+    """Refuse a `%` or `format` whose result may pass the size cap, before it is computed:
+    every field may print the widest value (`"%s" * 32768 % (s,) * 32768` is 2 GiB from
+    arguments each under the cap)."""
+    widest = max((_printed(v) for v in values), default=0)
+    if fixed + fields * widest > f.limits.max_fold_bytes:
+        raise Unfoldable("formatting past the size cap")
+
+
+def _printed(v: Any, depth: int = 0) -> int:
+    """At least the characters `str` or `repr` of plain data `v` takes (a field's width and
+    precision add at most 99)."""
+    t = type(v)
+    if t in _TEXT:
+        return 10 * len(v) + 3 + 99   # repr escapes a character in up to 10 ("\U0010ffff")
+    if t is int:
+        return int(v.bit_length()) // 3 + 2 + 99
+    if t in (tuple, list, set, frozenset) and depth < 8:
+        return 2 + sum(_printed(x, depth + 1) + 2 for x in v)
+    if t is dict and depth < 8:
+        return 2 + sum(_printed(k, depth + 1) + _printed(x, depth + 1) + 4 for k, x in v.items())
+    if t in (float, complex):
+        return 2 * 420   # "%.99f" of 1e308: 309 digits, the point and 99 more
+    return 16 if t in (bool, type(None)) else 1 << 40
 
 
 # str / bytes methods: receiver type -> allowed method names (never a mutating one)
@@ -548,9 +577,8 @@ def _method(f: _Folder, recv: Any, name: Any, args: tuple[Any, ...], kwargs: dic
         _width(f, args[0])
     if name == "format":
         _check_format(recv)
-        if len(recv) + sum(len(x) for x in (*args, *kwargs.values()) if type(x) in _TEXT) \
-                > f.limits.max_fold_bytes:
-            raise Unfoldable("format past the size cap")
+        fields = sum(field is not None for _, field, _, _ in string.Formatter().parse(recv))
+        _check_printed(f, len(recv), fields, (*args, *kwargs.values()))
     if name in ("translate", "maketrans") and any(type(v) is dict for v in args):
         for d in args:
             if type(d) is dict and len(d) > 1024:
