@@ -206,8 +206,13 @@ class RemoteCheckpoint:
         shape, stride = tuple(entry.shape), tuple(entry.stride)
         if len(shape) != len(stride) or any(n < 0 for n in shape) or any(s < 0 for s in stride):
             raise TensorUnreadable(f"{entry.name}: shape {list(shape)} / stride {list(stride)}")
+        # a dimension of one element never steps: its stride (any int torch took) is not used
+        stride = tuple(0 if n == 1 else s for n, s in zip(shape, stride, strict=True))
         if 0 in shape:
-            return np.empty(shape, dtype=dtype)
+            try:
+                return np.empty(shape, dtype=dtype)
+            except ValueError as exc:   # numpy still multiplies the other dimensions
+                raise TensorUnreadable(f"{entry.name}: shape {list(shape)}: {exc}") from exc
         last = sum((n - 1) * s for n, s in zip(shape, stride, strict=True))
         # as_strided trusts its arguments: make sure the view stays inside the buffer
         if (last + 1) * itemsize > len(data) or len(data) % itemsize:
@@ -217,9 +222,15 @@ class RemoteCheckpoint:
         # as_strided goes through __array_interface__, which ml_dtypes types cannot cross:
         # stride opaque items of the same size, copy out, then reinterpret
         flat = np.frombuffer(raw, dtype=np.dtype((np.void, itemsize)), count=last + 1)
-        view = np.lib.stride_tricks.as_strided(
-            flat, shape=shape, strides=tuple(s * itemsize for s in stride), writeable=False)
-        out: np.ndarray = np.array(view, copy=True, order="C").view(dtype)
+        try:
+            view = np.lib.stride_tricks.as_strided(
+                flat, shape=shape, strides=tuple(s * itemsize for s in stride), writeable=False)
+            out: np.ndarray = np.array(view, copy=True, order="C").view(dtype)
+        except (ValueError, OverflowError, MemoryError) as exc:
+            # a view of a few bytes can stand for more elements than memory holds (an
+            # expanded view torch keeps as one), or than numpy indexes: the copy is refused
+            raise TensorUnreadable(f"{entry.name}: shape {list(shape)} of {entry.dtype} cannot "
+                                   f"be written out as an array here ({exc})") from exc
         # torch's lazy bits: the stored bytes are the un-conjugated / un-negated values
         if "conj" in entry.flags:
             out = np.conj(out)
