@@ -208,9 +208,12 @@ def _analyze_model(ar: _Archive, rel: str, name: str) -> dict[str, Any]:
     limits = ar.an.options.limits
     violations = verify_program(program, weights, constants, max_violations=limits.max_pt2_violations,
                                 max_graph_depth=limits.max_pt2_graph_depth)
-    for v in violations:
+    # the verifier's messages quote names of any length: kept to max_name_chars, in the
+    # findings and in the summary (which the report's cap does not cut)
+    messages = [_shortened(v.message, limits.max_name_chars) for v in violations]
+    for v, message in zip(violations, messages, strict=True):
         code = Code.PT2_UNSAFE_TARGET if v.unsafe else Code.PT2_VERIFIER
-        ar.add(code, f"[{v.rule}] {v.message}", record=ar.prefix + rel)
+        ar.add(code, f"[{v.rule}] {message}", record=ar.prefix + rel)
     gm = _obj(program.get("graph_module"))
     graph = _obj(gm.get("graph"))
     nodes = graph.get("nodes")
@@ -229,8 +232,13 @@ def _analyze_model(ar: _Archive, rel: str, name: str) -> dict[str, Any]:
         "targets": {k[:200]: v for k, v in sorted(targets.items())[:200]},
         "weights": len(weights),
         "constants": len(constants),
-        "verifier": [{"rule": v.rule, "message": v.message} for v in violations],
+        "verifier": [{"rule": v.rule, "message": message}
+                     for v, message in zip(violations, messages, strict=True)],
     }
+
+
+def _shortened(text: str, max_chars: int) -> str:
+    return text if len(text) <= max_chars else f"{text[:max_chars]}... ({len(text):,} characters)"
 
 
 def _payloads(ar: _Archive, config_rel: str, legacy_rel: str, base_dir: str,
