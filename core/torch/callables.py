@@ -26,6 +26,7 @@ an int device or another backend (the host's), legacy Tensor constructors
 
 from __future__ import annotations
 
+import math
 import re
 import struct
 from collections import OrderedDict
@@ -51,6 +52,7 @@ from ckptguard.core.torch.rules import (
     Fail,
     StorageInfo,
     StorageOf,
+    check_allocation,
     check_view,
     int_seq,
     is_int,
@@ -446,6 +448,7 @@ def _rebuild_qtensor(func: Global, args: tuple[Any, ...], so: StorageOf, opcode:
     if any(x < 0 for x in shape) or args[5] is not False or st.dtype not in _QDTYPES:
         raise unmodelled("_rebuild_qtensor with negative sizes, requires_grad or a non-q storage")
     shape, _ = check_view(st, ITEMSIZE[st.dtype], args[1], args[2], args[3], quantized=True)
+    check_allocation(math.prod(shape), ITEMSIZE[st.dtype], st.nbytes)   # _empty_affine_quantized(size)
     return _tensor("torch.Tensor", st.dtype, shape, func, args, opcode, off)
 
 
@@ -853,6 +856,10 @@ def _rebuild_device_tensor_from_cpu_tensor(func: Global, args: tuple[Any, ...], 
     if not copied and rg != bool(data.attrs.get("requires_grad")):
         # `to` returned data itself: the setter changes every other reference to it too
         raise unmodelled("a device copy that changes requires_grad of the tensor it returns unchanged")
+    if copied and kind != "meta":   # `to` makes a new tensor of every element
+        storage = data.attrs["view"].storage
+        check_allocation(math.prod(data.attrs.get("shape") or ()), ITEMSIZE[target],
+                         storage.nbytes if storage is not None else 0)
     return _tensor("torch.Tensor", target, data.attrs.get("shape"), func, args, opcode, off, rg)
 
 

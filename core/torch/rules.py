@@ -124,6 +124,22 @@ def unmodelled(what: str) -> Fail:
     return Fail("Unmodelled", f"not modelled: {what}")
 
 
+# bytes torch may allocate for a tensor beyond what the file stores for it, and still be
+# modelled: past it, whether torch.load succeeds is the loader's memory's to say
+_MAX_ALLOCATION_MODELLED = 1 << 30
+
+
+def check_allocation(numel: int, itemsize: int, stored: int) -> None:
+    """Some rebuilds make a tensor of their full size before they view the storage (a
+    quantized tensor's `_empty_affine_quantized`, a device copy's `to`): a 1 KB file made torch
+    allocate 35 TB and fail, or 1.27 GB and succeed. Unmodelled past what the file stores
+    plus _MAX_ALLOCATION_MODELLED: a reviewer sees the size."""
+    if numel * itemsize > stored + _MAX_ALLOCATION_MODELLED:
+        raise unmodelled(f"torch allocates {numel * itemsize:,} bytes for a tensor whose storage "
+                         f"holds {stored:,} (whether torch.load succeeds is the loader's memory's "
+                         "to say)")
+
+
 class Capacity:
     """The byte size of a resizable storage, which `Tensor.set_` grows to what a view needs.
 

@@ -21,6 +21,8 @@ NOT_OURS = {
     "lane/torch_zip.py:_MAX_NUMEL": "fast-lane decline threshold",
     "torch/rules.py:MAX_COLUMN_EXTENT": "fast-lane decline threshold",
     "torch/rules.py:MAX_COLUMN_DIMS": "fast-lane decline threshold",
+    # where torch's answer starts to depend on the machine, not a cost of the scan
+    "torch/rules.py:_MAX_ALLOCATION_MODELLED": "past it the loader's memory decides torch.load",
     # how a value is *named or classified*, not how much work a scan may do
     "pickle/vm.py:_MAX_KEY_DEPTH": "a deeper dict key is named Unhashable (a naming rule)",
     "pickle/vm.py:_MAX_KEY_NODES": "a larger dict key is named Unhashable (a naming rule)",
