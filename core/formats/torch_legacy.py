@@ -163,6 +163,7 @@ class _Block:
     key: Any
     itemsize: int
     nbytes: int
+    view: bool = False   # a view's key (pid[5]): its block, if listed, lands in the root
 
 
 class _Stream:
@@ -212,6 +213,11 @@ class _Stream:
                 sites = self.locate(keys, blocks, pos) if keys is not None else {}
                 if self.at_bad_key is not None:
                     self.fail(self.at_bad_key)
+                viewed = [k for k in keys or () if (b := blocks.get(_hashable(k))) and b.view]
+                if viewed:   # torch's _set_from_file on the view writes into its root's bytes
+                    self.fail(TorchError("Unmodelled", "not modelled: the key list names the "
+                                         f"view {_py_repr(viewed[0])}, whose block torch reads "
+                                         "into the storage it views"))
             build_manifest(main.root, SiteTable(sites), an, persids=main.vm.persids,
                            built=main.weights_only.built)
             for site_key, site in sites.items():
@@ -413,10 +419,10 @@ def _blocks(scan: PickleScan) -> dict[Any, _Block]:
         if type(view) is tuple and len(view) == 3 and type(view[2]) is int and view[2] >= 0:
             vkey = _hashable(view[0])
             if vkey not in out:
-                out[vkey] = _Block(view[0], itemsize, view[2] * itemsize)
+                out[vkey] = _Block(view[0], itemsize, view[2] * itemsize, view=True)
     for key, (dtype, nbytes) in (scan.weights_only.deserialized or {}).items():
-        if _hashable(key) in out:
-            out[_hashable(key)] = _Block(key, ITEMSIZE[dtype], nbytes)
+        if (known := out.get(_hashable(key))) is not None:
+            out[_hashable(key)] = _Block(key, ITEMSIZE[dtype], nbytes, view=known.view)
     return out
 
 

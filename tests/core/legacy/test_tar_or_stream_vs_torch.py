@@ -141,3 +141,25 @@ def test_a_chain_past_the_probe_cap_is_judged_both_ways(tmp_path: Path) -> None:
     assert Code.TORCH_TAR_UNDECIDED in {f.code for f in report.findings}
     assert report.verdict == "unsafe"   # the tar's pickle member: os.system
     assert not report.weights_only.loadable
+
+
+def test_a_key_list_naming_a_view_is_not_modelled(tmp_path: Path) -> None:
+    """A divergence hunt: keys ['0', 'v1'] where 'v1' is a view of '0': torch reads the second
+    block through the view, into the root's bytes (it loads [9., 9.]); the scan listed the root
+    block's values ([2., 3.]), `safe`. It says it does not model that."""
+    import torch
+
+    from tests.core.legacy.conftest import stream
+
+    pid = (b"(X\x07\x00\x00\x00storagectorch\nFloatStorage\nX\x01\x00\x00\x000X\x03\x00\x00\x00cpu"
+           b"K\x04(X\x02\x00\x00\x00v1K\x01K\x02ttQ")
+    main = (b"\x80\x02}X\x01\x00\x00\x00wctorch._utils\n_rebuild_tensor_v2\n(" + pid
+            + b"K\x00K\x02\x85K\x01\x85\x89ccollections\nOrderedDict\n)RtRs.")
+    path = tmp_path / "views.pt"
+    path.write_bytes(stream(main, ["0", "v1"], [(4, struct.pack("<4f", 1, 2, 3, 4)),
+                                                 (2, struct.pack("<2f", 9, 9))]))
+    assert torch.load(path, weights_only=True)["w"].tolist() == [9.0, 9.0]
+    for engine in ENGINES:
+        report = scan_path(path, options=ScanOptions(engine=engine))  # type: ignore[arg-type]
+        assert report.verdict == "suspicious" and report.weights_only.error_type == "Unmodelled"
+        assert "names the view 'v1'" in (report.weights_only.error or "")
