@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import io
 import pickle
+import re
 import resource
 from collections.abc import Iterator
 from typing import Any
@@ -93,6 +94,10 @@ def _address_space_capped(headroom: int = 1 << 30) -> Iterator[None]:
         resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
 
 
+def _shown(value: Any) -> str:
+    return re.sub(r" at 0x[0-9a-f]+", "", repr(value))
+
+
 def _load_from_file(data: bytes) -> tuple[str, Any, list[tuple[str, str]]]:
     rec = Recorder(io.BytesIO(data))
     try:
@@ -135,8 +140,9 @@ def test_file_reader_view_matches_the_c_unpickler(draw: st.DataObject) -> None:
     got = _load_from_file(linear)
     want = _load_from_file(data)
     assert got[2] == want[2]
-    if want[0] == "ok":   # (by repr: frames cut anywhere can make a list that holds itself)
-        assert got[0] == want[0] and repr(got[1]) == repr(want[1])
+    if want[0] == "ok":   # (by repr: frames cut anywhere can make a list that holds itself;
+        # the imported stand-ins' addresses differ between the two loads)
+        assert got[0] == want[0] and _shown(got[1]) == _shown(want[1])
 
 
 def test_straddling_frame_is_unsafe(judge: Any) -> None:
