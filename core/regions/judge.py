@@ -29,7 +29,7 @@ from ckptguard.core.io.source import ByteSource, BytesSource, WindowSource
 from ckptguard.core.limits import Limits
 from ckptguard.core.pickle.result import GlobalUse, VmResult
 from ckptguard.core.pickle.vm import DOTTED_NAME, run_vm
-from ckptguard.core.records import record, replace
+from ckptguard.core.records import field, record, replace
 from ckptguard.core.regions.region import Region
 from ckptguard.core.sniff import NUMPY_MAGIC, ZIP_LOCAL_MAGIC, looks_like_pickle
 from ckptguard.core.state import Analysis
@@ -44,6 +44,11 @@ class _Budget:
     bytes_left: int
     regions_left: int
     spent: int = 0
+    # (source, first byte) -> where the stored pickle judged from there ends: regions that
+    # start at one byte and hold all of that pickle (400 zip entries sharing a local header,
+    # their sizes apart) run the VM once, not once each (each run may spend a VM's budgets)
+    # (and whether what follows it is read as the next region)
+    judged: dict[tuple[int, int], tuple[int, bool]] = field(default_factory=dict)
 
     def pay(self, nbytes: int) -> bool:
         if nbytes > self.bytes_left:
@@ -263,6 +268,12 @@ def _judge_pickle(source: ByteSource, region: Region, start: int, content: _Cont
     pickle that stops before the region ends leaves the rest as the next region: a reader
     that calls `pickle.load` again reads on (a harmless pickle first hides nothing)."""
     limits = an.options.limits
+    seen = budget.judged.get((id(source), start)) if not region.deflated else None
+    if seen is not None and seen[0] <= content.nbytes:   # judged already; what follows is not
+        end, follows = seen
+        rest = content.nbytes - end
+        return [(source, region._replace(offset=start + end, nbytes=rest, local_header=False))] \
+            if follows and rest > 0 else []
     base = start if not region.deflated else 0   # inflated bytes have no file offsets
     cap = min(limits.max_pickle_bytes, limits.max_region_bytes)
     window = len(content.data)
@@ -284,9 +295,11 @@ def _judge_pickle(source: ByteSource, region: Region, start: int, content: _Cont
     elif vm.error is not None and vm.error.code.name.startswith("LIMIT_"):
         unjudged.append(_Unjudged(region, f"its pickle runs past the scanner's limits "
                                   f"({vm.error.message})"))
+    follows = vm.protocol is not None or vm.opcode_count > 2   # not junk that hit a '.'
+    if vm.complete and not region.deflated:
+        budget.judged[(id(source), start)] = (vm.end, follows)
     rest = content.nbytes - vm.end
-    if vm.complete and rest > 0 and not region.deflated and (
-            vm.protocol is not None or vm.opcode_count > 2):   # not junk that hit a '.'
+    if vm.complete and rest > 0 and not region.deflated and follows:
         return [(source, region._replace(offset=start + vm.end, nbytes=rest,
                                           local_header=False))]
     return []
