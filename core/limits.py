@@ -20,6 +20,10 @@ class Limits:
     max_central_dir_bytes: int = 512 * 1024 * 1024
     max_tensors: int = 5_000_000
     max_manifest_dims: int = 16_000_000          # shape, stride and path items over all tensors
+    # characters of the tensors' whole names over all tensors: a name is joined and hashed
+    # whole before it is shortened to max_name_chars (one memoized long key under many
+    # tensors is a few KB of pickle)
+    max_manifest_name_chars: int = 256 * 1024 * 1024
     # one tensor's name (and path): longer ones keep a prefix + "...#sha256:" + the digest of
     # the whole name (LIMIT_NAME), so names under a deep memoized key stay small
     max_name_chars: int = 512

@@ -127,6 +127,13 @@ def bounded_name(name: str, max_chars: int) -> str:
     return prefix + NAME_MARK + _digest(name)
 
 
+def name_chars(path: Sequence[str | int]) -> int:
+    """Characters of the whole name `join_name` joins (and hashes, past `max_chars`)."""
+    if len(path) == 1 and type(path[0]) is str:
+        return len(path[0])
+    return len(path) - 1 + sum(len(s) if type(s) is str else len(str(s)) for s in path)
+
+
 def join_name(path: Sequence[str | int], max_chars: int) -> str:
     """A tensor's name: its path's segments joined by dots, bounded (`bounded_name`)."""
     return bounded_name(".".join(map(str, path)), max_chars)

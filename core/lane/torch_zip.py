@@ -50,7 +50,7 @@ from ckptguard.core.pickle.fast.containers import CheckedDict, CheckedList
 from ckptguard.core.pickle.fast.tokenize import Tokens, global_uses
 from ckptguard.core.pickle.result import VmResult
 from ckptguard.core.records import record
-from ckptguard.core.report import StorageEntry, TensorEntry, join_name
+from ckptguard.core.report import StorageEntry, TensorEntry, join_name, name_chars
 from ckptguard.core.state import Analysis
 from ckptguard.core.threats.assess import assess
 from ckptguard.core.torch import container  # torch.load's record rules, as the general path's
@@ -520,6 +520,7 @@ def _found(loaded: Loaded, ref_ids: set[int], limits: Limits,
     kinds, dict_type, attributes = loaded.kinds, loaded.dict_type, loaded.attributes
     max_tensors, max_depth = limits.max_tensors, limits.max_depth
     items_left = limits.max_manifest_dims
+    chars_left = limits.max_manifest_name_chars
     paths: list[tuple[Any, ...]] = []
     values: list[Any] = []
     stack: list[tuple[AnyPath, Any]] = [((), loaded.root)] if start is None else start
@@ -536,8 +537,9 @@ def _found(loaded: Loaded, ref_ids: set[int], limits: Limits,
         if t in kinds:
             full = spelled(path)
             items_left -= len(full)
-            if items_left < 0:   # the general path reports the cap (LIMIT_TENSORS)
-                raise Decline("manifest items past the cap")
+            chars_left -= name_chars(full)
+            if items_left < 0 or chars_left < 0:   # the general path reports the cap
+                raise Decline("manifest items or name characters past the cap")
             paths.append(full)
             values.append(value)
             if len(values) > max_tensors:

@@ -69,7 +69,7 @@ from ckptguard.core.manifest.keynames import segment
 from ckptguard.core.manifest.paths import AnyPath, depth, spelled
 from ckptguard.core.pickle.vm import hashable_key
 from ckptguard.core.records import record
-from ckptguard.core.report import StorageEntry, TensorEntry, join_name
+from ckptguard.core.report import StorageEntry, TensorEntry, join_name, name_chars
 from ckptguard.core.state import Analysis
 from ckptguard.core.torch.dtypes import (
     ITEMSIZE,
@@ -264,14 +264,21 @@ class _Builder:
         self.max_items = an.options.limits.max_manifest_dims
         self.max_name = an.options.limits.max_name_chars
         self.items_left = self.max_items
+        self.chars_left = an.options.limits.max_manifest_name_chars
         self.append = an.tensors.append
         self.expanded: set[int] = set()   # tensor calls whose attributes/components were walked
 
-    def charge(self, items: int) -> None:
-        """Count one more entry holding `items` shape/stride/path items; fail closed past
-        the caps."""
+    def charge(self, items: int, path: _Path) -> None:
+        """Count one more entry holding `items` shape/stride/path items, named by `path`;
+        fail closed past the caps."""
         self.count += 1
         self.items_left -= items
+        self.chars_left -= name_chars(path)
+        if self.chars_left < 0:
+            raise LimitExceeded(Code.LIMIT_TENSORS, "tensor names of more than "
+                                f"{self.an.options.limits.max_manifest_name_chars} characters "
+                                "in all (each is joined and hashed whole, then shortened)",
+                                record=self.record)
         if self.count > self.max_tensors:
             raise LimitExceeded(Code.LIMIT_TENSORS, f"more than {self.max_tensors} tensors",
                                 record=self.record)
@@ -374,7 +381,7 @@ class _Builder:
         start = offset * itemsize
         if numel and start + nbytes > limit:
             return False
-        self.charge(len(path) + 2 * len(shape))
+        self.charge(len(path) + 2 * len(shape), path)
         base = entry.data_offset
         name = path[0] if len(path) == 1 and type(path[0]) is str \
             else join_name(path, self.max_name)  # type: ignore[arg-type]
@@ -577,7 +584,7 @@ class _Builder:
     def emit(self, path: _Path, node: Call, kind: str, dtype: str, shape: list[int],
              stride: list[int], offset: int, storage: _Storage | None, view_byte: int,
              view_limit: int, rg: bool, flags: list[str] | None = None) -> None:
-        self.charge(len(path) + len(shape) + len(stride))
+        self.charge(len(path) + len(shape) + len(stride), path)
         name = join_name(path, self.max_name)  # type: ignore[arg-type]
         itemsize = ITEMSIZE[dtype]
         if len(shape) != len(stride) and kind != "sparse" and kind != "nested":
