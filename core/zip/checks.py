@@ -95,6 +95,11 @@ def check_archive(directory: ZipDirectory, locals_: Mapping[int, LocalHeader], a
                                              limits.max_bytes_read))
     _check_entries(directory, locals_, out)
     _check_layout(directory, locals_, out)
+    if directory.cd_overrun:
+        out.add(Code.ZIP_BAD_EOCD, f"the end record's directory size runs {directory.cd_overrun} "
+                "bytes into the end records: torch (miniz) reads the entries and ignores the "
+                "rest, Python's zipfile looks for the directory elsewhere and fails",
+                offset=directory.eocd_offset)
     if directory.comment:
         out.add(Code.ZIP_COMMENT, f"archive comment of {len(directory.comment)} bytes",
                 offset=directory.archive_end - len(directory.comment))

@@ -164,3 +164,30 @@ def test_a_central_entry_written_twice_is_one_record_not_an_overlap(tmp_path: Pa
     codes = {f.code for f in report.findings}
     assert want["ok"] and report.weights_only.loadable and report.verdict == "safe", codes
     assert Code.ZIP_DUPLICATE_IDENTICAL in codes and Code.ZIP_OVERLAPPING_ENTRIES not in codes
+
+
+def _directory_size_plus(data: bytes, extra: int) -> bytes:
+    d = bytearray(data)
+    z64 = d.rfind(b"PK\x06\x06")
+    struct.pack_into("<Q", d, z64 + 40, struct.unpack_from("<Q", d, z64 + 40)[0] + extra)
+    return bytes(d)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_directory_size_that_runs_into_the_end_records_is_read_as_miniz_reads_it(
+        tmp_path: Path, engine: str) -> None:
+    """miniz checks only that the directory fits in the file: torch loads an archive whose
+    zip64 directory size runs 4 bytes into the end records (zipfile does not). The scan read
+    nothing of it (`invalid`, no manifest); an os.system in its data.pkl went unreported."""
+    from tests.builders.torchlayout import torch_layout
+
+    path = tmp_path / "plus4.pt"
+    path.write_bytes(_directory_size_plus(_saved(), 4))
+    (want,) = run_oracle([{"path": str(path), "mode": "load"}], tmp_path)
+    report = scan_path(path, options=ScanOptions(engine=engine))  # type: ignore[arg-type]
+    assert want["ok"] and report.weights_only.loadable and len(report.tensors) == 2
+    assert Code.ZIP_BAD_EOCD in {f.code for f in report.findings}   # zipfile fails on it
+    evil = tmp_path / "evil.pt"
+    evil.write_bytes(_directory_size_plus(
+        torch_layout("archive", b"\x80\x02cos\nsystem\nX\x04\x00\x00\x00true\x85R."), 4))
+    assert scan_path(evil, options=ScanOptions(engine=engine)).verdict == "unsafe"  # type: ignore[arg-type]
