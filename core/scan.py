@@ -153,6 +153,16 @@ def _answer_as_torch_load(source: ByteSource, an: Analysis, name: str | None) ->
     from ckptguard.core.torch.torch_error import TorchError
 
     policy = an.weights_only or WeightsOnly(loadable=False)
+    if (name or "").endswith(".safetensors") and an.format != "safetensors":
+        # torch.load hands such a path to the safetensors library, whatever the bytes are (a
+        # divergence hunt: a torch zip so named was "loadable"); the format's policy stays
+        if policy.policy_accepts is None:
+            policy.policy_accepts = policy.loadable
+        policy.loadable, policy.error_type = False, "Unmodelled"
+        policy.error = ("not modelled: torch.load hands a path ending in .safetensors to the "
+                        f"safetensors library, which does not read a {an.format} file")
+        an.weights_only = policy
+        return
     if policy.policy_accepts is not None:
         return   # the format module gave both answers
     if an.format == "safetensors" and (name or "").endswith(".safetensors"):
