@@ -207,6 +207,11 @@ def _analyze(source: ByteSource, an: Analysis) -> None:
     else:
         head, tail = source.read_many([(0, head_n), (size - tail_n, tail_n)])
     kind = sniff(head, tail, size)
+    if kind.detail == "undecided":   # read on, as far as the tar probe's cap, to decide
+        from ckptguard.core.formats.torch_tar import tarfile_accepts
+
+        if tarfile_accepts(source, an.options.limits)[0] is False:
+            kind = sniff(head, tail, size, tar=False)
     try:
         _dispatch(source, kind, an)
     except SourceError:

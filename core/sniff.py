@@ -52,17 +52,23 @@ class Sniffed:
     detail: str = ""
 
 
-def sniff(head: bytes, tail: bytes, size: int) -> Sniffed:
-    """Classify by content. `head`: the first bytes (>= 512 if the file has them); `tail`: the last."""
+def sniff(head: bytes, tail: bytes, size: int, *, tar: bool = True) -> Sniffed:
+    """Classify by content. `head`: the first bytes (>= 512 if the file has them); `tail`: the last.
+    A tar that `head` cannot decide (a header chain past it, pax records tarfile versions
+    read apart) is `torch-tar` with detail "undecided": core.scan reads on to decide
+    (`tar=False`: it is no tar)."""
     if size == 0:
         return Sniffed("empty")
     zip_at_tail = ZIP_EOCD_MAGIC in tail[-(65535 + 22):]
     if head.startswith(ZIP_LOCAL_MAGIC):
         return Sniffed("zip", zip_at_tail)
-    if is_tar(head):
+    probe = tar_probe(head)[0] if tar else False
+    if probe is True:
         # torch's legacy path tries tarfile.open first: whatever it accepts (a v7 header
         # without "ustar", even an all-zero block) goes down the .tar branch
         return Sniffed("torch-tar", zip_at_tail, "tar")
+    if probe is not False:
+        return Sniffed("torch-tar", zip_at_tail, "undecided")
     if head.startswith(NUMPY_MAGIC):
         return Sniffed("numpy", zip_at_tail)
     if _LEGACY_MAGIC_PICKLE.match(head):
@@ -146,8 +152,8 @@ def _looks_like_safetensors(head: bytes, size: int) -> bool:
 TAR_BLOCK = 512
 _NUMERIC_FIELDS = ((100, 108), (108, 116), (116, 124), (124, 136), (136, 148), (329, 337), (337, 345))
 _CHAINED = (b"L", b"K", b"x", b"g", b"X")   # GNU long name/link, pax headers
-_PAX = (b"x", b"g")
-_PAX_RECORD = re.compile(rb"(\d+) ([^=]+)=")
+_PAX = (b"x", b"g", b"X")   # (tarfile reads Solaris' X headers as pax headers)
+_PAX_RECORD = re.compile(rb"(\d{1,20}) ([^=]+)=")   # (a longer length: versions differ)
 
 
 class _Invalid(Exception):
@@ -193,15 +199,20 @@ def tar_probe(head: bytes) -> tuple[bool | int | None, int]:
         if not valid_tar_block(block):
             return False, pos
         kind = block[156:157]
+        if kind == b"S" and block[482]:   # sparse extension blocks: read by versions apart
+            return None, pos
         if kind not in _CHAINED:
             return True, pos
         length = max(0, tar_number(block[124:136]))
+        padded = -(-length // TAR_BLOCK) * TAR_BLOCK
         if kind in _PAX:
-            if len(head) < pos + TAR_BLOCK + length:
-                return pos + TAR_BLOCK + length, pos
-            if not _plain_pax(head[pos + TAR_BLOCK:pos + TAR_BLOCK + length]):
+            if len(head) < pos + TAR_BLOCK + padded:
+                return pos + TAR_BLOCK + padded, pos
+            body = head[pos + TAR_BLOCK:pos + TAR_BLOCK + padded]
+            # (3.13 parses the padded block, older versions `length` bytes: NULs either way)
+            if not _plain_pax(body[:length]) or body[length:].count(0) != padded - length:
                 return None, pos
-        pos += TAR_BLOCK + -(-length // TAR_BLOCK) * TAR_BLOCK
+        pos += TAR_BLOCK + padded
 
 
 def _plain_pax(body: bytes) -> bool:
@@ -236,7 +247,10 @@ def valid_tar_block(block: bytes) -> bool:
             return False
         for lo, hi in _NUMERIC_FIELDS:
             tar_number(block[lo:hi])
-        if block[156:157] == b"S":   # a GNU sparse header's real size (TarInfo.frombuf)
+        if block[156:157] == b"S":   # a GNU sparse header's numbers (TarInfo.frombuf reads
+            # each sparse entry with nti, whose InvalidHeaderError its `except ValueError` misses)
+            for at in range(386, 482, 12):
+                tar_number(block[at:at + 12])
             tar_number(block[483:495])
     except _Invalid:
         return False

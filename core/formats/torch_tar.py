@@ -105,7 +105,7 @@ def read_members(source: ByteSource, an: Analysis) -> list[TarMember]:
 
 def _pax_records(body: bytes) -> dict[str, str]:
     out: dict[str, str] = {}
-    for m in re.finditer(rb"(\d+) ([^=\n]+)=", body):
+    for m in re.finditer(rb"(\d{1,20}) ([^=\n]+)=", body):   # (no int of 4,300 digits)
         n, key = int(m.group(1)), m.group(2).decode("utf-8", "replace")
         value = body[m.end(): m.start() + n - 1]
         out[key] = value.decode("utf-8", "replace")

@@ -163,3 +163,50 @@ def test_a_key_list_naming_a_view_is_not_modelled(tmp_path: Path) -> None:
         report = scan_path(path, options=ScanOptions(engine=engine))  # type: ignore[arg-type]
         assert report.verdict == "suspicious" and report.weights_only.error_type == "Unmodelled"
         assert "names the view 'v1'" in (report.weights_only.error or "")
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_an_undecided_tar_behind_a_plain_pickle_is_judged_both_ways(tmp_path: Path,
+                                                                    engine: str) -> None:
+    """A review: a pax body tarfile versions read apart ('junk\\n'), then a member whose pickle
+    calls os.system, the whole file also a pickle of one string (no legacy magic): the sniff
+    took the undecided tar for no tar, the file for a plain pickle, and said `safe`."""
+    body = b"junk\n"
+    member = EVIL_PROTOCOL0
+
+    def build(length: int) -> bytes:
+        first = _header(b"x", len(body), name=b"\x80\x02X" + struct.pack("<I", length))
+        return (_checksummed(first) + body.ljust(512, b"\0")
+                + _checksummed(_header(b"0", len(member), b"storages")) + member.ljust(512, b"\0")
+                + bytes(1024))
+    data = build(len(build(0)) - 7) + b"."
+    path = tmp_path / "undecided.pt"
+    path.write_bytes(data)
+    report = scan_path(path, options=ScanOptions(engine=engine))  # type: ignore[arg-type]
+    assert Code.TORCH_TAR_UNDECIDED in {f.code for f in report.findings}
+    assert report.verdict == "unsafe"
+
+
+@pytest.mark.parametrize("bad", ["sparse entry", "padding", "long length", "X header"])
+def test_tar_headers_tarfile_refuses_or_reads_apart_are_never_a_plain_tar(bad: str) -> None:
+    """tarfile refuses a sparse header whose sparse entries are not numbers (on every
+    version); the others (junk in a pax body's padding, a record length of more than 20
+    digits, a Solaris X header's records) versions read apart: undecided, never True."""
+    from ckptguard.core.sniff import tar_probe
+
+    if bad == "sparse entry":
+        block = _header(b"S", 0, b"file")
+        block[386:398] = b"not a number"
+        assert tar_probe(_checksummed(block) + bytes(512))[0] is False
+        return
+    record = _pax_record(b"comment", b"a")
+    kind, padding = b"x", b"\0"
+    if bad == "padding":
+        padding = b"z"
+    elif bad == "long length":
+        record = b"0" * 4400 + record
+    else:
+        kind, record = b"X", b"0 a=b\n"
+    head = (_checksummed(_header(kind, len(record))) + record.ljust(512, padding)
+            + _checksummed(_header(b"0", 0, b"file")))
+    assert tar_probe(head)[0] is None
