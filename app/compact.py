@@ -134,7 +134,7 @@ def _text(value: Any) -> str:
     return value if type(value) is str else str(value or "")
 
 
-def _storable(text: str) -> str:
+def storable(text: str) -> str:
     """A key column's text: a database stores UTF-8 and PostgreSQL no NUL, so a lone
     surrogate (see `utf8`) and a NUL are kept as their JSON escapes."""
     return utf8(text).decode("utf-8").replace("\0", "\\u0000")
@@ -151,9 +151,9 @@ def key_columns(rows: list[Any]) -> KeyColumns:
         return list(map(dict.get, objects, repeat(field)))
 
     return KeyColumns(
-        names=[n if type(n) is str and n.isascii() and "\0" not in n else _storable(_text(n))
+        names=[n if type(n) is str and n.isascii() and "\0" not in n else storable(_text(n))
                for n in column("name")],
-        dtypes=[d if type(d) is str and d.isascii() and "\0" not in d else _storable(_text(d))
+        dtypes=[d if type(d) is str and d.isascii() and "\0" not in d else storable(_text(d))
                 for d in column("dtype")],
         nbytes=[n if type(n) is int else 0 for n in column("nbytes")],
         data_offsets=[o if type(o) is int else NO_OFFSET for o in column("data_offset")])

@@ -277,7 +277,10 @@ class Store:
         after = decode_tensor_cursor(cursor, sort) if cursor else None
         key = tk.c[column]
         where: list[sa.ColumnElement[bool]] = [tk.c.analysis_id == analysis_id]
+        if dtype is not None:   # the key columns' text (compact.storable: no NUL, no surrogate)
+            dtype = compact.storable(dtype)
         if name:
+            name = compact.storable(name)
             pattern = "%" + name.replace("/", "//").replace("%", "/%").replace("_", "/_") + "%"
             # SQLite's LIKE ignores ASCII case already (lower() would double the scan's cost)
             where.append(tk.c.name.like(pattern, escape="/") if self.engine.dialect.name == "sqlite"

@@ -34,7 +34,7 @@ from ckptguard.core.torch.dtypes import ITEMSIZE
 from ckptguard.core.torch.rules import storage_itemsize
 from ckptguard.core.torch.torch_error import TorchError
 from ckptguard.core.torch.weights_only import WeightsOnlyResult, emulate
-from ckptguard.core.values import Call, Global, PersId
+from ckptguard.core.values import Call, Global, PersId, brief
 
 TYPE_CHECKING = False   # typing stays unimported at run time (core/typenames.py)
 if TYPE_CHECKING:
@@ -319,11 +319,12 @@ class _Stream:
                 ok = wrapped == block.nbytes
                 nbytes = block.nbytes if ok else product
                 if not ok:
-                    self.fail(TorchError("RuntimeError", f"{_WRONG_SIZE}{wrapped}{block.nbytes}", offset))
+                    self.fail(TorchError("RuntimeError", f"{_WRONG_SIZE}{wrapped}{brief(block.nbytes)}",
+                                         offset))
                     self.an.add(Code.TORCH_RECORD_SIZE_MISMATCH,
                                 f"storage {_py_repr(key)[:80]}: its block counts {count} elements of "
-                                f"{block.itemsize} bytes ({wrapped} bytes), the pickle {block.nbytes} "
-                                "bytes", offset=offset)
+                                f"{block.itemsize} bytes ({wrapped} bytes), the pickle "
+                                f"{brief(block.nbytes)} bytes", offset=offset)
                 elif product != block.nbytes:
                     self.an.add(Code.TORCH_RECORD_SIZE_MISMATCH,
                                 f"storage {key}: count {count} x {block.itemsize} bytes wraps around "

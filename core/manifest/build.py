@@ -663,7 +663,8 @@ class _Builder:
                 raise _Bad(f"storage view metadata {brief(view)} is not (key, offset, size)"[:200])
             start, end = view[1] * st[1], (view[1] + view[2]) * st[1]
             if end > st[2]:
-                raise _Bad(f"storage view [{start}, {end}) passes storage {key}'s {st[2]} bytes")
+                raise _Bad(f"storage view [{brief(start)}, {brief(end)}) passes storage {key}'s "
+                           f"{st[2]} bytes")
             return st, start, end
         return st, 0, st[2]
 

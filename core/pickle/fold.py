@@ -479,7 +479,8 @@ def _mod(f: _Folder, a: Any, b: Any) -> Any:
         raise Unfoldable("% of a value the table does not model")
     _check_percent(a)
     text = a.decode("latin-1") if type(a) is not str else a
-    values = b.values() if type(b) is dict else b if type(b) is tuple else (b,)
+    # a dict fills %(name)s fields with its values, and %s with itself
+    values = (b, *b.values()) if type(b) is dict else b if type(b) is tuple else (b,)
     _check_printed(f, len(a), len(_PERCENT.findall(text)), values)
     return a % b
 
@@ -494,20 +495,20 @@ def _check_printed(f: _Folder, fixed: int, fields: int, values: Iterable[Any]) -
 
 
 def _printed(v: Any, depth: int = 0) -> int:
-    """At least the characters `str` or `repr` of plain data `v` takes (a field's width and
-    precision add at most 99)."""
+    """At most the characters `str`, `repr` or a format spec prints of plain data `v`, a
+    field's width and precision (99 at most) included."""
     t = type(v)
     if t in _TEXT:
         return 10 * len(v) + 3 + 99   # repr escapes a character in up to 10 ("\U0010ffff")
-    if t is int:
-        return int(v.bit_length()) // 3 + 2 + 99
+    if t is int:   # binary with "_" every 4 digits: 5 characters per 4 bits
+        return int(v.bit_length()) * 5 // 4 + 4 + 99
     if t in (tuple, list, set, frozenset) and depth < 8:
         return 2 + sum(_printed(x, depth + 1) + 2 for x in v)
     if t is dict and depth < 8:
         return 2 + sum(_printed(k, depth + 1) + _printed(x, depth + 1) + 4 for k, x in v.items())
     if t in (float, complex):
         return 2 * 420   # "%.99f" of 1e308: 309 digits, the point and 99 more
-    return 16 if t in (bool, type(None)) else 1 << 40
+    return 16 + 99 if t in (bool, type(None)) else 1 << 40
 
 
 # str / bytes methods: receiver type -> allowed method names (never a mutating one)

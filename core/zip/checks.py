@@ -213,7 +213,9 @@ def _check_entries(directory: ZipDirectory, locals_: Mapping[int, LocalHeader], 
             out.add(Code.ZIP_PATCHED_ENTRY,
                     f"{e.name} is flagged as compressed patched data (flags {e.flags:#06x}): "
                     "torch fails with 'unsupported feature'", record=e.name, offset=e.header_offset)
-        if e.uncompressed_size and miniz_directory(e.name_bytes, e.external_attr):
+        # (a name ending in "/" is a directory to every reader; torch never asks for one)
+        if e.uncompressed_size and not e.name_bytes.endswith(b"/") \
+                and miniz_directory(e.name_bytes, e.external_attr):
             out.add(Code.ZIP_DIRECTORY_WITH_DATA,
                     f"{e.name} holds {e.uncompressed_size} bytes but is a directory to torch's "
                     f"zip reader (external attributes {e.external_attr:#x}): torch reads "

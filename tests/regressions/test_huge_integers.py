@@ -57,3 +57,22 @@ def test_the_command_line_writes_the_report(tmp_path: Path) -> None:
 
 def test_messages_show_a_huge_integer_by_its_size() -> None:
     assert brief(HUGE) == f"<int of {HUGE.bit_length()} bits>" and brief(12345) == "12345"
+
+
+@pytest.mark.parametrize("view", [False, True], ids=["numel", "view offset"])
+def test_a_legacy_stream_with_an_unwritable_integer_gets_a_report(view: bool) -> None:
+    """A review: the legacy reader's size messages wrote such an integer (INTERNAL_ERROR)."""
+    from tests.core.legacy.conftest import stream
+
+    numel = 4 if view else HUGE
+    meta = (b"(X\x01\x00\x00\x00v" + _long4(HUGE) + b"K\x01t") if view else b"N"
+    pid = (b"(X\x07\x00\x00\x00storagectorch\nFloatStorage\nX\x01\x00\x00\x000X\x03\x00\x00\x00cpu"
+           + _long4(numel) + meta + b"tQ")
+    main = (b"\x80\x02}X\x01\x00\x00\x00wctorch._utils\n_rebuild_tensor_v2\n(" + pid
+            + b"K\x00K\x01\x85K\x01\x85\x89ccollections\nOrderedDict\n)RtRs.")
+    data = stream(main, ["0"], [(4, bytes(16))])
+    for engine in ("auto", "exact"):
+        report = scan_bytes(data, options=ScanOptions(engine=engine))  # type: ignore[arg-type]
+        json.dumps(report.to_json())
+        assert Code.INTERNAL_ERROR not in {f.code for f in report.findings}
+        assert report.verdict != "safe"

@@ -127,6 +127,7 @@ def test_names_a_database_cannot_hold_as_text_are_stored_and_given_back(url: str
         assert stored is not None
         page = store.tensors(stored, limit=10)
         assert [t["name"] for t in page.items] == names and page.total == 4
-        assert [t["name"] for t in store.tensors(stored, limit=10, name="\\u0000").items] == ["a\0b", "é\0"]
+        for query, want in (("\0", ["a\0b", "é\0"]), ("a\0", ["a\0b"])):   # (PostgreSQL: no 500)
+            assert [t["name"] for t in store.tensors(stored, limit=10, name=query).items] == want
     finally:
         store.close()
