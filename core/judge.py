@@ -76,6 +76,8 @@ def scan_pickle(data: bytes | memoryview, an: Analysis, *, record: str | None,
         an.add(Code.PICKLE_PROTOCOL, f"pickle protocol {vm.protocol}", record=record, offset=base)
     if check_trailing and vm.complete and vm.end < len(view):
         _inspect_trailing(view, vm.end, an, record=record, base_offset=base)
+    # the report's size budget counts the pickles judged (core.reportsize.report_budget)
+    an.io["pickle_bytes"] = an.io.get("pickle_bytes", 0) + (scan.end if vm.complete else len(view))
     scan.end += start
     return scan
 

@@ -27,14 +27,16 @@ class Limits:
     # one tensor's name (and path): longer ones keep a prefix + "...#sha256:" + the digest of
     # the whole name (LIMIT_NAME), so names under a deep memoized key stay small
     max_name_chars: int = 512
-    # The report's JSON (`json.dumps(report.to_json())`) may take so much per byte the scan
-    # read (the metadata: pickles, directories, headers) and per tensor, or the floor if that
-    # is more, never more than max_report_bytes; past it the lists are cut with counts
-    # (LIMIT_REPORT, suspicious at best). Issue 14's target: 8 x pickle bytes + 2 KiB per tensor.
+    # The report's JSON (`json.dumps(report.to_json())`) may take so much per byte of the
+    # pickles the scan judged (decompressed), per tensor and per zip entry (a region or a
+    # finding about it), or the floor if that is more, never more than max_report_bytes; past
+    # it the lists are cut with counts (LIMIT_REPORT, suspicious at best). Issue 14's target:
+    # 8 x pickle bytes + 2 KiB per tensor.
     max_report_bytes: int = 256 * 1024 * 1024
     report_floor_bytes: int = 64 * 1024
-    report_bytes_per_byte_read: int = 8
+    report_bytes_per_pickle_byte: int = 8
     report_bytes_per_tensor: int = 2048
+    report_bytes_per_entry: int = 256
     max_bytes_read: int = 1024 * 1024 * 1024     # what a scan may read (not the file size)
     # a remote body slower than this on average, once the grace period has passed, is cut:
     # a server trickling one byte every few seconds never trips a per-read timeout

@@ -38,14 +38,15 @@ _REGION_FIXED = len(json.dumps({"kind": "", "name": "", "offset": 0, "length": 0
 _RESERVE = 4096   # the LIMIT_REPORT finding itself, with its counts
 
 
-def report_budget(limits: Limits, bytes_read: int, tensors: int) -> int:
-    """JSON bytes a report may take: a share per byte of metadata read and per tensor, or
-    the floor if that is more (a small file's report has a fixed part), never past
+def report_budget(limits: Limits, pickle_bytes: int, tensors: int, entries: int = 0) -> int:
+    """JSON bytes a report may take: a share per pickle byte, per tensor and per zip entry,
+    or the floor if that is more (a small file's report has a fixed part), never past
     `Limits.max_report_bytes`."""
     return min(limits.max_report_bytes,
                max(limits.report_floor_bytes,
-                   limits.report_bytes_per_byte_read * bytes_read
-                   + limits.report_bytes_per_tensor * tensors))
+                   limits.report_bytes_per_pickle_byte * pickle_bytes
+                   + limits.report_bytes_per_tensor * tensors
+                   + limits.report_bytes_per_entry * entries))
 
 
 def _text(strings: Iterable[str | None]) -> int:
@@ -230,9 +231,9 @@ def cap_report(report: Report, budget: int, max_name_chars: int) -> Finding | No
             message += f"; the rest would pass the report's cap of {budget:,} JSON bytes: " \
                        f"not listed: {left_out}"
     else:
-        message = (f"the report would pass its cap of {budget:,} JSON bytes (Limits: per byte "
-                   f"read and per tensor, at least a floor, at most max_report_bytes): "
-                   f"not listed: {left_out}")
+        message = (f"the report would pass its cap of {budget:,} JSON bytes (Limits: per pickle "
+                   f"byte, per tensor and per zip entry, at least a floor, at most "
+                   f"max_report_bytes): not listed: {left_out}")
     finding = Finding(Code.LIMIT_REPORT, message)
     report.findings.append(finding)
     return finding

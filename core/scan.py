@@ -131,7 +131,8 @@ def _report(an: Analysis, source: ByteSource, info: SourceInfo, started: float) 
         scanner_version=__version__, extra=an.extra, regions=regions, regions_omitted=omitted,
     )
     limits = an.options.limits
-    cut = cap_report(report, report_budget(limits, source.stats.bytes_read, len(an.tensors)),
+    cut = cap_report(report, report_budget(limits, an.io.get("pickle_bytes", 0), len(an.tensors),
+                                           an.io.get("zip_entries", 0)),
                      max_name)
     report.verdict = decide_verdict([*an.findings, *([cut] if cut else [])], wo.policy_accepts)
     return report

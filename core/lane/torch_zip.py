@@ -118,6 +118,7 @@ class _Result:
         an.format = "torch-zip"
         an.io["zip_local_headers_read"] = self.locals_read
         an.io["zip_entries"] = self.entries
+        an.io["pickle_bytes"] = self.tokens.end   # as core.judge.scan_pickle counts it
         an.zip_spans = self.spans
         assess(vm, an, allow=an.options.allow, record=self.pkl_name)
         if toks.protocol is not None and toks.protocol != 2:

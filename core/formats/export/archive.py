@@ -182,6 +182,9 @@ def _obj(value: Any) -> dict[str, Any]:
 
 def _read_json(ar: _Archive, rel: str) -> Any:
     data = ar.read(rel, ar.an.options.limits.max_pt2_json_bytes)
+    # a program's JSON plays its pickle's part: the report's budget counts it so
+    # (core.reportsize.report_budget)
+    ar.an.io["pickle_bytes"] = ar.an.io.get("pickle_bytes", 0) + len(data)
     try:
         return json.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
