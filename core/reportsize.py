@@ -188,9 +188,10 @@ def cap_report(report: Report, budget: int, max_name_chars: int) -> Finding | No
     fixed = _size(bare.to_json())
     unwritable = ""
     try:
-        tensors_bound(report.tensors, max_name_chars) + storages_bound(report.storages)
+        rows = tensors_bound(report.tensors, max_name_chars) + storages_bound(report.storages)
     except _Unwritable:
         unwritable = _drop_unwritable(report)
+        rows = tensors_bound(report.tensors, max_name_chars) + storages_bound(report.storages)
     lists: list[tuple[str, Sequence[Any], Any]] = [
         ("findings", report.findings, None), ("globals", report.globals, None),
         ("unsafe globals", wo.unsafe_globals, None),
@@ -199,8 +200,7 @@ def cap_report(report: Report, budget: int, max_name_chars: int) -> Finding | No
         ("regions", report.regions, regions_bound)]
     bound = (fixed + _size([f.to_json() for f in report.findings])
              + _size([g.to_json() for g in report.globals]) + _size(wo.unsafe_globals)
-             + (_size(hint) if hint else 0) + tensors_bound(report.tensors, max_name_chars)
-             + storages_bound(report.storages) + regions_bound(report.regions))
+             + (_size(hint) if hint else 0) + rows + regions_bound(report.regions))
     if bound <= budget and not unwritable:
         return None
     room = budget - fixed - _RESERVE

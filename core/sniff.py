@@ -178,8 +178,8 @@ def is_tar(head: bytes) -> bool:
     Mirrors TarFile.next() at offset 0: a short first block or a bad checksum/number
     field is a ReadError; an all-zero block ends the archive silently (open succeeds);
     GNU long-name and pax headers need a valid header after their data. `head` must
-    hold `tar_bytes_needed(head)` bytes (or the whole file) for an exact answer, which
-    core.formats.torch_tar.tarfile_accepts reads.
+    hold the bytes `tar_probe` asks for (or the whole file) for an exact answer:
+    core.formats.torch_tar.tarfile_accepts reads them.
     """
     return tar_probe(head)[0] is True
 

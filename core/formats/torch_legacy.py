@@ -73,8 +73,7 @@ def legacy_answer(source: ByteSource, an: Analysis, *,
     if tar:
         return TorchError("RuntimeError", torch_tar.TAR_ERROR, 0)
     if tar is None:
-        return TorchError("Unmodelled", "not modelled: whether tarfile.open accepts this file "
-                          "(TORCH_TAR_UNDECIDED)", 0)
+        return _TAR_UNDECIDED
     stop = sniff.tar_fail_offset(head, source.size)
     if stop + 4 <= source.size and source.read_at(stop, 4) == b"PK\x03\x04":
         return TorchError("RuntimeError", f"{source.name} is a zip archive (did you mean to use "
@@ -149,11 +148,15 @@ def _judge_tar_reading(source: ByteSource, an: Analysis) -> None:
         an.globals.setdefault(key, entry)
 
 
+# torch's answer on a file that tarfile.open may or may not accept (TORCH_TAR_UNDECIDED)
+_TAR_UNDECIDED = TorchError("Unmodelled", "not modelled: whether tarfile.open accepts this "
+                            "file (TORCH_TAR_UNDECIDED)", 0)
+
+
 def _unmodelled_answer(an: Analysis) -> None:
     wo = an.weights_only
     if wo is not None:
-        wo.loadable, wo.error_type = False, "Unmodelled"
-        wo.error = "not modelled: whether tarfile.open accepts this file (TORCH_TAR_UNDECIDED)"
+        wo.loadable, wo.error_type, wo.error = False, _TAR_UNDECIDED.type, _TAR_UNDECIDED.message
 
 
 @record(slots=True)

@@ -45,6 +45,7 @@ from ckptguard.core.zip.directory import (
     read_record,
 )
 from ckptguard.core.zip.layout import (
+    DOS_DIRECTORY,
     ENCRYPTION_FLAGS,
     FLAG_DESCRIPTOR,
     FLAG_PATCHED,
@@ -53,7 +54,6 @@ from ckptguard.core.zip.layout import (
     U32_MAX,
     ZIP64_EOCD_SIZE,
     ZIP64_LOCATOR_SIZE,
-    miniz_directory,
 )
 from ckptguard.core.zip.offsets import descriptor_size
 from ckptguard.core.zip.spans import zip_spans_of
@@ -213,9 +213,9 @@ def _check_entries(directory: ZipDirectory, locals_: Mapping[int, LocalHeader], 
             out.add(Code.ZIP_PATCHED_ENTRY,
                     f"{e.name} is flagged as compressed patched data (flags {e.flags:#06x}): "
                     "torch fails with 'unsupported feature'", record=e.name, offset=e.header_offset)
-        # (a name ending in "/" is a directory to every reader; torch never asks for one)
-        if e.uncompressed_size and not e.name_bytes.endswith(b"/") \
-                and miniz_directory(e.name_bytes, e.external_attr):
+        # the DOS attribute is what only miniz honours (layout.miniz_directory); a name ending
+        # in "/" is a directory to every reader, and torch never asks for one
+        if e.uncompressed_size and e.external_attr & DOS_DIRECTORY:
             out.add(Code.ZIP_DIRECTORY_WITH_DATA,
                     f"{e.name} holds {e.uncompressed_size} bytes but is a directory to torch's "
                     f"zip reader (external attributes {e.external_attr:#x}): torch reads "
